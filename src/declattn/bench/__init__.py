@@ -1,0 +1,1 @@
+"""Benchmarks: commands that measure a part of declattn and return the figures."""

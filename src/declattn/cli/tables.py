@@ -1,0 +1,59 @@
+"""Rich tables shared by run, replay and demo."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from rich.table import Table
+
+MODE_STYLES = {
+    "global": "bold blue",
+    "focus": "bold green",
+    "local": "magenta",
+    "answer": "bold yellow",
+    "vanilla": "white",
+}
+
+
+def attended_table(by_mode: dict[str, dict[str, int]], totals: dict[str, Any], title: str) -> Table:
+    table = Table(title=title)
+    for col in ("mode", "steps", "attended (logical)", "attended (physical)", "vanilla", "saving"):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    for mode, row in by_mode.items():
+        if not row["steps"]:
+            continue
+        table.add_row(
+            f"[{MODE_STYLES.get(mode, '')}]{mode}[/]",
+            f"{row['steps']:,}",
+            f"{row['logical']:,}",
+            f"{row['physical']:,}",
+            f"{row['vanilla_logical']:,}",
+            _saving(row["logical"], row["vanilla_logical"]),
+        )
+    table.add_section()
+    table.add_row(
+        "total",
+        f"{totals['steps']:,}",
+        f"{totals['logical']:,}",
+        f"{totals['physical']:,}",
+        f"{totals['vanilla_logical']:,}",
+        _saving(totals["logical"], totals["vanilla_logical"]),
+    )
+    return table
+
+
+def _saving(da: int, vanilla: int) -> str:
+    return f"{1 - da / vanilla:.1%}" if vanilla else "-"
+
+
+def declarations_table(declarations: Iterable[dict[str, Any]]) -> Table | None:
+    rows = list(declarations)
+    if not rows:
+        return None
+    table = Table(title="declarations")
+    for col in ("at char", "tag", "mode after", "declined"):
+        table.add_column(col)
+    for d in rows:
+        table.add_row(str(d["start"]), d["tag"], d["mode"], d["declined"] or "")
+    return table

@@ -1,0 +1,1 @@
+"""A small paged inference engine whose decode attention reads only the kept KV blocks."""

@@ -1,0 +1,444 @@
+"""Paged attention: the ``AttentionFn`` that reads only the KV blocks of a sequence's view.
+
+This is where Declarative Attention saves work. A decode row on a global layer never
+gathers the whole context: the kept blocks are grouped into runs of physically
+consecutive blocks, each run is a zero-copy slice of the pool, attention is computed
+per run and the runs are merged with a log-sum-exp combine (flash-decoding style).
+The bytes touched are therefore the kept blocks' bytes, and ``ReadCounter`` records
+what was actually sliced so the claim can be tested rather than assumed.
+
+Prefill rows (and chunked prefill) attend causally over every stored position: every
+mode reads the whole prompt while it is being filled in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from declattn.engine.kv import KVCache
+
+# Runs up to this many rows are scored with one batched matmul over heads (fewer calls);
+# longer runs go head by head, which reads strided pools at full speed on CPU.
+_BATCHED_RUN_ROWS = 512
+# Runs up to this many rows are gathered together rather than sliced one by one.
+_GATHER_RUN_ROWS = 128
+# Prefill splits query rows so one boolean mask stays under this many elements.
+_PREFILL_MASK_ELEMS = 1 << 25
+
+
+@dataclass(frozen=True)
+class SeqStep:
+    """One sequence's share of a batch step.
+
+    Its ``n_new`` tokens sit at positions ``start .. start + n_new - 1`` and are rows of
+    the step's q/k/v in batch order. ``view`` lists the logical blocks
+    (``position // block_size``) that global layers may read on a decode row
+    (``n_new == 1``); ``None`` reads everything. Prefill rows ignore the view: every
+    mode attends fully during prefill.
+    """
+
+    seq_id: int
+    start: int
+    n_new: int
+    view: Sequence[int] | None = None
+
+    @property
+    def length(self) -> int:
+        """Sequence length once this step's tokens are stored."""
+        return self.start + self.n_new
+
+    @property
+    def is_decode(self) -> bool:
+        return self.n_new == 1
+
+
+@dataclass(frozen=True)
+class ReadRecord:
+    """What one decode row read in one layer call."""
+
+    step: int
+    layer: int
+    seq_id: int
+    blocks: tuple[int, ...]
+    n_bytes: int
+    sliding: bool
+
+
+@dataclass
+class ReadCounter:
+    """Blocks and bytes that decode attention actually sliced out of the pools.
+
+    Global-layer reads (the ones a view restricts) and sliding-window reads are kept
+    apart so a test can hold the global reads against the view exactly. ``n_bytes``
+    counts K and V of the positions sliced; the unfilled tail of the newest block is
+    not read and not counted.
+    """
+
+    records: list[ReadRecord] = field(default_factory=list)
+    n_steps: int = 0
+
+    def begin_step(self) -> int:
+        """Open a new step and return its index (one per ``PagedAttention``)."""
+        self.n_steps += 1
+        return self.n_steps - 1
+
+    def record(self, rec: ReadRecord) -> None:
+        self.records.append(rec)
+
+    def reset(self) -> None:
+        self.records.clear()
+        self.n_steps = 0
+
+    def _select(
+        self,
+        *,
+        sliding: bool,
+        step: int | None = None,
+        seq_id: int | None = None,
+        layer: int | None = None,
+    ) -> list[ReadRecord]:
+        return [
+            r
+            for r in self.records
+            if r.sliding == sliding
+            and (step is None or r.step == step)
+            and (seq_id is None or r.seq_id == seq_id)
+            and (layer is None or r.layer == layer)
+        ]
+
+    def blocks_read(
+        self, step: int, seq_id: int, layer: int, *, sliding: bool = False
+    ) -> tuple[int, ...] | None:
+        """Logical blocks one decode row read in one layer; ``None`` if it read nothing."""
+        recs = self._select(sliding=sliding, step=step, seq_id=seq_id, layer=layer)
+        if not recs:
+            return None
+        return tuple(sorted({b for r in recs for b in r.blocks}))
+
+    def per_step(self, seq_id: int, *, sliding: bool = False) -> dict[int, dict[int, tuple]]:
+        """``{step: {layer: blocks}}`` for one sequence."""
+        out: dict[int, dict[int, tuple]] = {}
+        for r in self._select(sliding=sliding, seq_id=seq_id):
+            out.setdefault(r.step, {})[r.layer] = r.blocks
+        return out
+
+    def total_bytes(
+        self, *, sliding: bool = False, seq_id: int | None = None, step: int | None = None
+    ) -> int:
+        return sum(r.n_bytes for r in self._select(sliding=sliding, seq_id=seq_id, step=step))
+
+    def total_blocks(
+        self, *, sliding: bool = False, seq_id: int | None = None, step: int | None = None
+    ) -> int:
+        """Block reads summed over layers, rows and steps."""
+        recs = self._select(sliding=sliding, seq_id=seq_id, step=step)
+        return sum(len(r.blocks) for r in recs)
+
+    def bytes_per_sequence(self, *, sliding: bool = False) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for r in self._select(sliding=sliding):
+            out[r.seq_id] = out.get(r.seq_id, 0) + r.n_bytes
+        return out
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """The pool rows one decode row reads, and the logical blocks they cover.
+
+    Long runs of consecutive rows are read as zero-copy slices. Runs of at most
+    ``_GATHER_RUN_ROWS`` rows (blocks left isolated by interleaved growth) are gathered
+    together by one ``index_select`` instead: it reads the same bytes, and a matmul per
+    tiny run would cost far more in call overhead than the copy does.
+    """
+
+    slices: tuple[tuple[int, int], ...]
+    gather: Tensor | None
+    blocks: tuple[int, ...]
+    n_rows: int
+
+    @classmethod
+    def from_rows(
+        cls, rows: Sequence[tuple[int, int]], blocks: tuple[int, ...] = (), device: str = "cpu"
+    ) -> RunPlan:
+        slices = tuple((r0, r1) for r0, r1 in rows if r1 - r0 > _GATHER_RUN_ROWS)
+        short = [(r0, r1) for r0, r1 in rows if r1 - r0 <= _GATHER_RUN_ROWS]
+        gather = None
+        if len(short) == 1:
+            slices = (*slices, short[0])
+        elif short:
+            idx = np.concatenate([np.arange(r0, r1) for r0, r1 in short])
+            gather = torch.from_numpy(idx).to(device)
+        n_rows = sum(r1 - r0 for r0, r1 in rows)
+        return cls(slices, gather, blocks, n_rows)
+
+
+def _plan_runs(
+    table: Sequence[int], keep: Sequence[int], lo: int, hi: int, bs: int, device: str
+) -> RunPlan:
+    """Group kept logical blocks into maximal runs of consecutive physical rows.
+
+    Only positions in ``[lo, hi)`` are valid; a partial block ends (or starts) its run
+    so that a run is one plain slice. Attention is order-free over keys (positions are
+    already in the rotated keys), so runs follow physical order, not logical order.
+    Vectorised: a 64K-token view has thousands of blocks and is planned every step.
+    """
+    tab = np.asarray(table, dtype=np.int64)
+    lb = np.asarray(keep, dtype=np.int64)
+    a = np.maximum(0, lo - lb * bs)
+    b = np.minimum(bs, hi - lb * bs)
+    valid = a < b
+    phys, a, b = tab[lb[valid]], a[valid], b[valid]
+    if phys.size == 0:
+        return RunPlan((), None, (), 0)
+    order = np.argsort(phys, kind="stable")
+    phys, a, b = phys[order], a[order], b[order]
+    # A block continues the previous run only if it is the next physical block, the
+    # previous one was read to its end, and this one is read from its start.
+    cont = np.zeros(phys.size, dtype=bool)
+    cont[1:] = (phys[1:] == phys[:-1] + 1) & (b[:-1] == bs) & (a[1:] == 0)
+    starts = np.flatnonzero(~cont)
+    ends = np.append(starts[1:], phys.size) - 1
+    r0 = phys[starts] * bs + a[starts]
+    r1 = phys[ends] * bs + b[ends]
+    rows = list(zip(r0.tolist(), r1.tolist(), strict=True))
+    # The counter's blocks come from the rows actually read, mapped back to logical.
+    logical = np.full(int(tab.max()) + 1, -1, dtype=np.int64)
+    logical[tab] = np.arange(tab.size)
+    read = np.concatenate([np.arange(x // bs, (y - 1) // bs + 1) for x, y in rows])
+    blocks = tuple(np.unique(logical[read]).tolist())
+    return RunPlan.from_rows(rows, blocks, device)
+
+
+def _scores_into(qg: Tensor, kr: Tensor, out: Tensor) -> None:
+    """``qg [Hkv, G, D]`` · ``kr [Hkv, L, D]`` -> ``out [Hkv, G, L]`` (pool dtype).
+
+    One batched matmul is fast for short or contiguous keys; a long strided slice of
+    the pool goes head by head, which CPU BLAS reads at full speed where a strided
+    batched matmul does not."""
+    if kr.shape[1] <= _BATCHED_RUN_ROWS or kr.is_contiguous():
+        out.copy_(torch.matmul(qg, kr.transpose(1, 2)))
+        return
+    for h in range(qg.shape[0]):
+        torch.mm(qg[h], kr[h].T, out=out[h])
+
+
+def _weighted_values(p: Tensor, vr: Tensor) -> Tensor:
+    """``p [Hkv, G, L]`` · ``vr [Hkv, L, D]`` -> ``[Hkv, G, D]`` (pool dtype)."""
+    if vr.shape[1] <= _BATCHED_RUN_ROWS or vr.is_contiguous():
+        return torch.matmul(p.contiguous(), vr)
+    o = torch.empty(p.shape[0], p.shape[1], vr.shape[2], dtype=vr.dtype, device=vr.device)
+    for h in range(p.shape[0]):
+        torch.mm(p[h], vr[h], out=o[h])
+    return o
+
+
+def decode_attention(kp: Tensor, vp: Tensor, q: Tensor, plan: RunPlan, scale: float) -> Tensor:
+    """Attention of one query row ``q [H, D]`` over the rows of ``plan`` -> fp32 ``[H, D]``.
+
+    Scores of every run land in one small score buffer in the pool dtype (no fp32 copy
+    of K or V is ever made); a single softmax over that buffer (computed in fp32
+    internally) normalises across runs exactly, which is what a log-sum-exp merge of
+    per-run partials would give, in fewer passes. Each run's values are then weighted
+    from its own zero-copy slice and the partial outputs summed in fp32.
+    """
+    n_heads, dim = q.shape
+    n_kv = kp.shape[0]
+    group = n_heads // n_kv
+    # Folding the scale into q costs one rounding of a [H, D] vector instead of a pass
+    # over the [Hkv, G, L] scores.
+    qg = (q.float() * scale).to(kp.dtype).reshape(n_kv, group, dim)
+    parts = [(kp[:, r0:r1], vp[:, r0:r1]) for r0, r1 in plan.slices]
+    if plan.gather is not None:
+        parts.append((kp.index_select(1, plan.gather), vp.index_select(1, plan.gather)))
+    s = torch.empty(n_kv, group, plan.n_rows, dtype=kp.dtype, device=kp.device)
+    off = 0
+    for kr, _ in parts:
+        _scores_into(qg, kr, s[:, :, off : off + kr.shape[1]])
+        off += kr.shape[1]
+    p = torch.softmax(s, dim=-1)
+    out: Tensor | None = None
+    off = 0
+    for _, vr in parts:
+        o = _weighted_values(p[:, :, off : off + vr.shape[1]], vr)
+        out = o.float() if out is None else out.add_(o)
+        off += vr.shape[1]
+    assert out is not None, "a decode row always reads its newest block"
+    return out.reshape(n_heads, dim)
+
+
+def decode_runs(
+    kp: Tensor, vp: Tensor, q: Tensor, rows: Sequence[tuple[int, int]], scale: float
+) -> Tensor:
+    """``decode_attention`` over explicit pool row ranges (for tests and benchmarks)."""
+    return decode_attention(kp, vp, q, RunPlan.from_rows(rows, device=str(kp.device)), scale)
+
+
+def _prefill(
+    kp: Tensor,
+    vp: Tensor,
+    q: Tensor,
+    slots: Tensor,
+    start: int,
+    scale: float,
+    window: int | None,
+) -> Tensor:
+    """Causal (optionally windowed) attention of ``q [n, H, D]`` at positions
+    ``start..start+n-1`` over stored positions ``[0, start+n)`` (``slots`` maps them to
+    pool rows). Computed in fp32 with an explicit mask: correctness over speed."""
+    n = q.shape[0]
+    end = start + n
+    k_lo = 0 if window is None else max(0, start - window + 1)
+    idx = slots[k_lo:end]
+    kf = kp.index_select(1, idx).float().unsqueeze(0)
+    vf = vp.index_select(1, idx).float().unsqueeze(0)
+    qf = q.float().permute(1, 0, 2).unsqueeze(0)
+    out = torch.empty(n, q.shape[1], q.shape[2], dtype=q.dtype, device=q.device)
+    chunk = max(1, min(n, _PREFILL_MASK_ELEMS // max(1, end - k_lo)))
+    for qa in range(start, end, chunk):
+        qb = min(end, qa + chunk)
+        lo = k_lo if window is None else max(k_lo, qa - window + 1)
+        qpos = torch.arange(qa, qb, device=q.device)[:, None]
+        kpos = torch.arange(lo, qb, device=q.device)[None, :]
+        mask = kpos <= qpos
+        if window is not None:
+            mask &= kpos > qpos - window
+        o = F.scaled_dot_product_attention(
+            qf[:, :, qa - start : qb - start],
+            kf[:, :, lo - k_lo : qb - k_lo],
+            vf[:, :, lo - k_lo : qb - k_lo],
+            attn_mask=mask,
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[qa - start : qb - start] = o[0].permute(1, 0, 2).to(q.dtype)
+    return out
+
+
+@dataclass
+class _SeqPlan:
+    step: SeqStep
+    row: int
+    table: tuple[int, ...]
+    global_runs: RunPlan | None
+    window_runs: dict[int, RunPlan] = field(default_factory=dict)
+
+
+class PagedAttention:
+    """``AttentionFn`` over a ``KVCache`` for one batch step of several sequences.
+
+    Construct one per step (after ``cache.allocate`` covers every ``start + n_new``);
+    the model calls it once per layer. Each call stores the step's new k/v, then
+    attends: prefill rows causally over everything, decode rows on global layers over
+    the view's blocks only, decode rows on sliding layers over the last ``window``
+    positions.
+    """
+
+    def __init__(
+        self, cache: KVCache, steps: Sequence[SeqStep], counter: ReadCounter | None = None
+    ) -> None:
+        self.cache = cache
+        self.counter = counter
+        self._device = str(cache.config.device)
+        bs = cache.block_size
+        seen: set[int] = set()
+        plans: list[_SeqPlan] = []
+        slots: list[Tensor] = []
+        row = 0
+        for st in steps:
+            if st.seq_id in seen:
+                raise ValueError(f"sequence {st.seq_id} appears twice in one step")
+            seen.add(st.seq_id)
+            if st.start < 0 or st.n_new < 1:
+                raise ValueError(f"bad step for sequence {st.seq_id}: {st}")
+            if cache.capacity(st.seq_id) < st.length:
+                raise ValueError(
+                    f"sequence {st.seq_id} has {cache.capacity(st.seq_id)} slots, needs "
+                    f"{st.length}: call cache.allocate first"
+                )
+            table = cache.block_table(st.seq_id)
+            n_blocks = -(-st.length // bs)
+            runs = None
+            if st.is_decode:
+                keep = range(n_blocks) if st.view is None else self._check_view(st, n_blocks)
+                runs = _plan_runs(table, keep, 0, st.length, bs, self._device)
+            plans.append(_SeqPlan(st, row, table, runs))
+            # Decode rows need only their own slot; prefill rows read every stored slot.
+            first = st.start if st.is_decode else 0
+            slots.append(cache.slots(st.seq_id, first, st.length))
+            row += st.n_new
+        self._plans = plans
+        self._n_rows = row
+        self._all_slots = slots
+        new = [s[-p.step.n_new :] for s, p in zip(slots, plans, strict=True)]
+        self._new_slots = torch.cat(new) if new else torch.empty(0, dtype=torch.int64)
+        self.step = counter.begin_step() if counter is not None else -1
+
+    @staticmethod
+    def _check_view(st: SeqStep, n_blocks: int) -> list[int]:
+        keep = sorted(set(st.view or ()))
+        if keep and (keep[0] < 0 or keep[-1] >= n_blocks):
+            raise ValueError(f"view of sequence {st.seq_id} names blocks outside [0, {n_blocks})")
+        if n_blocks - 1 not in keep:
+            raise ValueError(
+                f"view of sequence {st.seq_id} misses block {n_blocks - 1}, "
+                "which holds the newest token"
+            )
+        return keep
+
+    def _window_runs(self, plan: _SeqPlan, window: int) -> RunPlan:
+        runs = plan.window_runs.get(window)
+        if runs is None:
+            st = plan.step
+            lo = max(0, st.length - window)
+            bs = self.cache.block_size
+            keep = range(lo // bs, -(-st.length // bs))
+            runs = _plan_runs(plan.table, keep, lo, st.length, bs, self._device)
+            plan.window_runs[window] = runs
+        return runs
+
+    def __call__(
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        scale: float,
+        window: int | None,
+    ) -> Tensor:
+        if q.shape[0] != self._n_rows or k.shape[0] != self._n_rows:
+            raise ValueError(f"step has {self._n_rows} rows, got q {tuple(q.shape)}")
+        if window is not None and window < 1:
+            raise ValueError("window must be >= 1")
+        self.cache.write(layer, self._new_slots, k, v)
+        kp, vp = self.cache.k[layer], self.cache.v[layer]
+        out = torch.empty_like(q)
+        per_token = self.cache.config.bytes_per_token
+        for plan, slots in zip(self._plans, self._all_slots, strict=True):
+            st, r = plan.step, plan.row
+            if not st.is_decode:
+                out[r : r + st.n_new] = _prefill(
+                    kp, vp, q[r : r + st.n_new], slots, st.start, scale, window
+                )
+                continue
+            runs = plan.global_runs if window is None else self._window_runs(plan, window)
+            assert runs is not None
+            out[r] = decode_attention(kp, vp, q[r], runs, scale).to(q.dtype)
+            if self.counter is not None:
+                self.counter.record(
+                    ReadRecord(
+                        step=self.step,
+                        layer=layer,
+                        seq_id=st.seq_id,
+                        blocks=runs.blocks,
+                        n_bytes=runs.n_rows * per_token,
+                        sliding=window is not None,
+                    )
+                )
+        return out

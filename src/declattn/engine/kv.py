@@ -1,0 +1,195 @@
+"""Paged KV storage: fixed-size blocks, per-sequence block tables, a sorted free list.
+
+The pools are laid out ``[n_kv_heads, num_blocks * block_size, head_dim]`` per layer so
+that a run of physically consecutive blocks is a zero-copy slice in which each head's
+rows are contiguous: decode attention can hand such a slice straight to a matmul and
+read exactly the bytes of the blocks it keeps, nothing else. The allocator therefore
+tries hard to give a sequence consecutive blocks. Stored KV never moves and positions
+are never renumbered: a DA view only changes which blocks are read.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+class PoolExhausted(RuntimeError):
+    """The pool has fewer free blocks than a request needs; nothing was changed."""
+
+    def __init__(self, needed: int, free: int) -> None:
+        super().__init__(f"KV pool exhausted: {needed} blocks needed, {free} free")
+        self.needed = needed
+        self.free = free
+
+
+@dataclass(frozen=True)
+class KVConfig:
+    """Shape of the paged KV cache (one pool per layer for K, one for V)."""
+
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    num_blocks: int
+    block_size: int = 16
+    dtype: torch.dtype = torch.bfloat16
+    device: str | torch.device = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "n_kv_heads", "head_dim", "num_blocks", "block_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"KVConfig.{name} must be positive")
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K + V bytes of one position in one layer, all KV heads."""
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.n_kv_heads * self.head_dim * itemsize
+
+    @property
+    def bytes_per_block(self) -> int:
+        """K + V bytes of one block in one layer."""
+        return self.block_size * self.bytes_per_token
+
+
+def _runs(ids: list[int]) -> Iterator[tuple[int, int]]:
+    """Maximal runs of consecutive integers in a sorted list, as ``(first, length)``."""
+    i = 0
+    while i < len(ids):
+        j = i + 1
+        while j < len(ids) and ids[j] == ids[j - 1] + 1:
+            j += 1
+        yield ids[i], j - i
+        i = j
+
+
+class KVCache:
+    """Per-layer K/V block pools plus the block tables that map positions to slots.
+
+    Position ``p`` of sequence ``s`` lives in physical block ``table[s][p // block_size]``
+    at row ``block * block_size + p % block_size`` of every layer's pools.
+    """
+
+    def __init__(self, config: KVConfig) -> None:
+        self.config = config
+        shape = (config.n_kv_heads, config.num_blocks * config.block_size, config.head_dim)
+        self.k: list[Tensor] = [
+            torch.zeros(shape, dtype=config.dtype, device=config.device)
+            for _ in range(config.n_layers)
+        ]
+        self.v: list[Tensor] = [
+            torch.zeros(shape, dtype=config.dtype, device=config.device)
+            for _ in range(config.n_layers)
+        ]
+        self._free: list[int] = list(range(config.num_blocks))
+        self._tables: dict[int, list[int]] = {}
+
+    # -- queries -------------------------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def bytes_per_block(self) -> int:
+        """K + V bytes of one block in one layer."""
+        return self.config.bytes_per_block
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def blocks_in_use(self) -> int:
+        return self.config.num_blocks - len(self._free)
+
+    @property
+    def seq_ids(self) -> tuple[int, ...]:
+        return tuple(self._tables)
+
+    def block_table(self, seq_id: int) -> tuple[int, ...]:
+        """Physical block ids of a sequence, in logical order (empty if unknown)."""
+        return tuple(self._tables.get(seq_id, ()))
+
+    def capacity(self, seq_id: int) -> int:
+        """Token positions the sequence's blocks can hold."""
+        return len(self._tables.get(seq_id, ())) * self.block_size
+
+    def slots(self, seq_id: int, start: int, stop: int) -> Tensor:
+        """Pool rows of positions ``[start, stop)`` (slot mapping), as an int64 tensor."""
+        table = self._tables.get(seq_id, [])
+        if not 0 <= start <= stop <= len(table) * self.block_size:
+            raise ValueError(
+                f"positions [{start}, {stop}) outside sequence {seq_id}'s "
+                f"{len(table) * self.block_size} allocated slots"
+            )
+        bs = self.block_size
+        rows = [table[p // bs] * bs + p % bs for p in range(start, stop)]
+        return torch.tensor(rows, dtype=torch.int64, device=self.config.device)
+
+    # -- allocation ----------------------------------------------------------------
+    def allocate(self, seq_id: int, total_tokens: int) -> tuple[int, ...]:
+        """Grow ``seq_id``'s table to hold ``total_tokens`` positions; never shrinks.
+
+        Atomic: if the pool cannot supply every block needed, raise ``PoolExhausted``
+        and change nothing. Blocks are chosen to keep the sequence physically
+        consecutive (fewer, longer runs for decode to read). Returns the new blocks.
+        """
+        if total_tokens < 0:
+            raise ValueError("total_tokens must be >= 0")
+        table = self._tables.get(seq_id, [])
+        needed = -(-total_tokens // self.block_size) - len(table)
+        if needed <= 0:
+            self._tables.setdefault(seq_id, table)
+            return ()
+        if needed > len(self._free):
+            raise PoolExhausted(needed, len(self._free))
+        chosen = self._choose(table[-1] + 1 if table else None, needed)
+        for b in chosen:
+            del self._free[bisect.bisect_left(self._free, b)]
+        self._tables[seq_id] = table + chosen
+        return tuple(chosen)
+
+    def _choose(self, successor: int | None, n: int) -> list[int]:
+        """Pick ``n`` free blocks: extend the last block in place, else the best-fitting
+        free run, else the longest runs first. Reads the free list only."""
+        free = self._free
+        chosen: list[int] = []
+        if successor is not None:
+            i = bisect.bisect_left(free, successor)
+            while len(chosen) < n and i < len(free) and free[i] == successor + len(chosen):
+                chosen.append(free[i])
+                i += 1
+        rest = n - len(chosen)
+        if rest == 0:
+            return chosen
+        taken = set(chosen)
+        remaining = [b for b in free if b not in taken]
+        runs = list(_runs(remaining))
+        fitting = [r for r in runs if r[1] >= rest]
+        if fitting:
+            first, _ = min(fitting, key=lambda r: (r[1], r[0]))
+            return chosen + list(range(first, first + rest))
+        for first, length in sorted(runs, key=lambda r: (-r[1], r[0])):
+            take = min(length, rest)
+            chosen.extend(range(first, first + take))
+            rest -= take
+            if rest == 0:
+                break
+        return chosen
+
+    def free(self, seq_id: int) -> int:
+        """Return a sequence's blocks to the pool; returns how many were freed."""
+        table = self._tables.pop(seq_id, [])
+        if table:
+            self._free = sorted(self._free + table)
+        return len(table)
+
+    # -- writes --------------------------------------------------------------------
+    def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
+        """Store ``k``/``v`` (``[T, n_kv_heads, head_dim]``) at pool rows ``slots``."""
+        self.k[layer][:, slots, :] = k.transpose(0, 1).to(self.config.dtype)
+        self.v[layer][:, slots, :] = v.transpose(0, 1).to(self.config.dtype)

@@ -1,0 +1,87 @@
+"""One decoder-only transformer for Llama, Qwen2, Qwen3 and Gemma 3 text models.
+
+The model owns weights and arithmetic only; where keys and values live and which of them
+are read is the ``AttentionFn``'s business (see ``attention_api``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from declattn.engine.attention_api import AttentionFn
+from declattn.engine.models.config import ModelConfig
+from declattn.engine.models.layers import MLP, Attention, RMSNorm, Rotary
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm attention and MLP blocks; Gemma adds a norm after each ("sandwich")."""
+
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        eps, offset = config.rms_norm_eps, config.norm_unit_offset
+        self.attn_norm = RMSNorm(config.hidden_size, eps, offset)
+        self.attn = Attention(config, layer)
+        self.mlp_norm = RMSNorm(config.hidden_size, eps, offset)
+        self.mlp = MLP(config)
+        if config.sandwich_norms:
+            self.post_attn_norm: RMSNorm | None = RMSNorm(config.hidden_size, eps, offset)
+            self.post_mlp_norm: RMSNorm | None = RMSNorm(config.hidden_size, eps, offset)
+        else:
+            self.post_attn_norm = self.post_mlp_norm = None
+
+    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, attn: AttentionFn) -> Tensor:
+        a = self.attn(self.attn_norm(h), cos, sin, attn)
+        if self.post_attn_norm is not None:
+            a = self.post_attn_norm(a)
+        h = h + a
+        m = self.mlp(self.mlp_norm(h))
+        if self.post_mlp_norm is not None:
+            m = self.post_mlp_norm(m)
+        return h + m
+
+
+class Decoder(nn.Module):
+    """Token ids and positions in, final-normed hidden states out; logits on demand.
+
+    ``logits`` is separate from ``forward`` because a decode step or a prefill needs the
+    vocabulary projection for only a few rows, and that projection is the largest matmul
+    of a small model.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        self.embed = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c.num_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, c.norm_unit_offset)
+        self.lm_head = (
+            None if c.tie_word_embeddings else nn.Linear(c.hidden_size, c.vocab_size, bias=False)
+        )
+        self._rotary_global = Rotary(c.rope_global, c.head_dim)
+        self._rotary_local = Rotary(c.rope_local, c.head_dim) if c.rope_local else None
+
+    def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionFn) -> Tensor:
+        """``input_ids``, ``positions``: ``[T]``. Returns ``[T, hidden_size]``."""
+        h = self.embed(input_ids)
+        if self.config.embed_scale is not None:
+            # Scaled in the model dtype, as the reference implementation does.
+            h = h * torch.tensor(self.config.embed_scale, dtype=h.dtype, device=h.device)
+        cos_g, sin_g = self._rotary_global.cos_sin(positions)
+        if self._rotary_local is not None:
+            cos_l, sin_l = self._rotary_local.cos_sin(positions)
+        for i, layer in enumerate(self.layers):
+            local = self._rotary_local is not None and self.config.window(i) is not None
+            cos, sin = (cos_l, sin_l) if local else (cos_g, sin_g)
+            h = layer(h, cos, sin, attn)
+        return self.norm(h)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """Vocabulary logits (fp32) for the rows of ``hidden`` given: ``[..., vocab_size]``."""
+        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        out = torch.nn.functional.linear(hidden, weight).float()
+        cap = self.config.final_logit_softcap
+        if cap is not None:
+            out = torch.tanh(out / cap) * cap
+        return out

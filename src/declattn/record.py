@@ -1,0 +1,108 @@
+"""The run record: everything a finished response needs to be shown, replayed or audited.
+
+One JSON file per response: the chunks and layout, the output token by token, every
+decode step's mode and what it read (as block ranges, to keep the file small), the
+declarations and the timings. ``declattn replay`` and ``declattn show`` read it.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from declattn.api import Answer
+from declattn.session import DASession
+
+RECORD_VERSION = 1
+
+
+def block_ranges(blocks: tuple[int, ...] | list[int]) -> list[list[int]]:
+    """Sorted block ids as ``[first, last + 1]`` ranges."""
+    out: list[list[int]] = []
+    for b in sorted(blocks):
+        if out and out[-1][1] == b:
+            out[-1][1] = b + 1
+        else:
+            out.append([b, b + 1])
+    return out
+
+
+def machine() -> dict[str, Any]:
+    import os
+
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+
+
+def build_record(answer: Answer, *, model: str, question: str) -> dict[str, Any]:
+    sess = answer.session
+    reads = {r.index: r for r in answer.reads}
+    steps = []
+    for rec in sess.steps:
+        d = rec.to_dict()
+        read = reads.get(rec.index)
+        if read is not None:
+            d["blocks_read"] = block_ranges(read.blocks)
+            d["seconds"] = read.seconds
+        steps.append(d)
+    s = answer.stats
+    record: dict[str, Any] = {
+        "version": RECORD_VERSION,
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "model": model,
+        "arm": answer.arm,
+        "question": question,
+        "block_size": sess.block_size,
+        "prompt_tokens": s.prompt_tokens,
+        "output": {
+            "text": answer.text,
+            "answer": answer.answer,
+            "finish_reason": answer.finish_reason,
+            "token_texts": answer.token_texts,
+        },
+        "declarations": [d.to_dict() for d in answer.declarations],
+        "steps": steps,
+        "totals": sess.accounting.totals(),
+        "by_mode": {str(m): v for m, v in sess.accounting.by_mode().items()},
+        "timings": {
+            "prefill_seconds": s.prefill_seconds,
+            "decode_seconds": s.decode_seconds,
+        },
+    }
+    if isinstance(sess, DASession):
+        record["layout"] = sess.layout.to_dict()
+        record["chunks"] = [
+            {"id": c.id, "start": c.start, "end": c.end, "tokens": c.tokens, "text": c.text}
+            for c in sess.chunks
+        ]
+        record["prompt_style"] = sess.prompt.style
+    return record
+
+
+def save_record(record: dict[str, Any], path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(record, ensure_ascii=False, indent=1))
+    return path
+
+
+def load_record(path: str | Path) -> dict[str, Any]:
+    """Read a run record, with a clear error for a file that is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such record file")
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from e
+    missing = [k for k in ("layout", "output", "block_size") if k not in record]
+    if missing:
+        raise ValueError(f"{path}: not a DA run record (missing {', '.join(missing)})")
+    return record

@@ -1,0 +1,76 @@
+"""Replay a finished response: per-step mode and attended tokens, without a model.
+
+Replay uses the engine's one-step semantics, so its figures match a live run on the
+same transcript: output token 0 comes from prefill (full attention, no decode step);
+decode step ``k`` (``k >= 1``) produces output token ``k``, its query sits at position
+``prompt_len + k - 1``, it sees ``prompt_len + k`` positions, and it reads under the
+reader's state after tokens ``0..k-1``. A tag therefore takes effect at the token
+after the one that completes it (the one-step lag).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from declattn.accounting import Accounting, StepRecord
+from declattn.protocol.layout import Layout
+from declattn.protocol.modes import Mode
+from declattn.protocol.tags import Declaration, TagReader
+from declattn.scope import DEFAULT_BLOCK_SIZE, Scope
+
+__all__ = ["Replay", "StepRecord", "replay"]
+
+
+@dataclass
+class Replay:
+    """Per-step records and the declarations of one replayed response."""
+
+    steps: list[StepRecord]
+    declarations: list[Declaration]
+    block_size: int = DEFAULT_BLOCK_SIZE
+
+    def accounting(self) -> Accounting:
+        """The steps summed by the same accumulator a live session uses."""
+        acc = Accounting()
+        for s in self.steps:
+            acc.add(s)
+        return acc
+
+    def totals(self) -> dict[str, Any]:
+        return self.accounting().totals()
+
+    def by_mode(self) -> dict[Mode, dict[str, int]]:
+        return self.accounting().by_mode()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "block_size": self.block_size,
+            "steps": [s.to_dict() for s in self.steps],
+            "declarations": [d.to_dict() for d in self.declarations],
+            "totals": self.totals(),
+            "by_mode": {str(m): v for m, v in self.by_mode().items()},
+        }
+
+
+def replay(
+    layout: Layout,
+    token_texts: Sequence[str],
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    line_start: bool = False,
+) -> Replay:
+    """Replay the output tokens ``token_texts`` of a response to ``layout``'s prompt."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    reader = TagReader(layout.n_chunks, line_start=line_start)
+    steps: list[StepRecord] = []
+    for k, text in enumerate(token_texts):
+        if k >= 1:
+            length = layout.prompt_len + k
+            scope = Scope(layout, reader.mode, reader.focus_ids)
+            count = scope.count(length, block_size)
+            steps.append(StepRecord.from_count(k, scope.mode, scope.focus_ids, length, count))
+        reader.feed(text)
+    reader.finish()
+    return Replay(steps=steps, declarations=list(reader.declarations), block_size=block_size)

@@ -1,0 +1,160 @@
+"""One request, DA or plain: where the protocol (text) and the engine (blocks) meet.
+
+A session is the engine's controller for one sequence. Before each decode step it
+turns the tag reader's state into a scope and hands the engine that scope's blocks;
+after each token it feeds the token's text to the tag reader. It also counts what
+each step attended, with the same ``Accounting`` that ``replay`` uses, so a live run
+and a replay of its transcript give the same figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from declattn.accounting import Accounting, StepRecord
+from declattn.protocol.layout import Layout
+from declattn.protocol.modes import Mode
+from declattn.protocol.prompt import RenderedPrompt, render_plain, render_prompt
+from declattn.protocol.segment import Chunk, segment
+from declattn.protocol.tags import Declaration, TagReader
+from declattn.scope import DEFAULT_BLOCK_SIZE, Scope, StepCount
+
+
+@dataclass(frozen=True)
+class DAOptions:
+    """Per-request DA settings. ``masking=False`` is the DA-nm arm (DA prompt, full reads)."""
+
+    target: int = 2048
+    cap: int = 2560
+    sink: int = 16
+    line_start: bool = False
+    masking: bool = True
+    style: str = "auto"
+
+
+def token_counter(tokenizer: Any):
+    """The served tokenizer's count, as the segmenter wants it."""
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    return count
+
+
+def _full_count(length: int, block_size: int) -> StepCount:
+    physical = -(-length // block_size) * block_size
+    return StepCount(length, physical, length, physical)
+
+
+class PlainSession:
+    """A vanilla request: ordinary prompt, every step reads everything."""
+
+    mode_name = "vanilla"
+
+    def __init__(self, tokenizer: Any, context: str, question: str, block_size: int) -> None:
+        self.prompt_ids = render_plain(tokenizer, context, question)
+        self.block_size = block_size
+        self.accounting = Accounting()
+        self.steps: list[StepRecord] = []
+        self.text = ""
+
+    def view(self, length: int) -> Sequence[int] | None:
+        count = _full_count(length, self.block_size)
+        record = StepRecord.from_count(len(self.steps) + 1, Mode.GLOBAL, (), length, count)
+        self.steps.append(record)
+        self.accounting.add(record)
+        return None
+
+    def on_token(self, token_id: int, text: str) -> str | None:
+        self.text += text
+        return None
+
+    @property
+    def answer(self) -> str:
+        return self.text.strip()
+
+
+class DASession:
+    """One DA request: chunks, prompt and layout, tag reader, scope, accounting."""
+
+    mode_name = "da"
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        context: str,
+        question: str,
+        options: DAOptions | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+    ) -> None:
+        self.options = options or DAOptions()
+        if not self.options.masking:
+            self.mode_name = "da-nm"
+        o = self.options
+        self.chunks: list[Chunk] = segment(context, token_counter(tokenizer), o.target, o.cap)
+        self.prompt: RenderedPrompt = render_prompt(
+            tokenizer, self.chunks, question, sink=o.sink, style=o.style
+        )
+        self.reader = TagReader(len(self.chunks), line_start=o.line_start)
+        self.accounting = Accounting()
+        self.steps: list[StepRecord] = []
+        self.block_size = block_size
+        self.expected_views: list[tuple[int, ...]] = []
+        self.text = ""
+
+    @property
+    def layout(self) -> Layout:
+        return self.prompt.layout
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.prompt.token_ids
+
+    def scope(self) -> Scope:
+        return Scope(self.layout, self.reader.mode, self.reader.focus_ids)
+
+    def view(self, length: int) -> Sequence[int] | None:
+        """The blocks the next step reads; also records what that step attends."""
+        scope = self.scope()
+        if self.options.masking:
+            count = scope.count(length, self.block_size)
+        else:
+            count = _full_count(length, self.block_size)
+        record = StepRecord.from_count(
+            len(self.steps) + 1, scope.mode, scope.focus_ids, length, count
+        )
+        self.steps.append(record)
+        self.accounting.add(record)
+        if not self.options.masking:
+            return None
+        blocks = tuple(scope.kept_blocks(length, self.block_size))
+        self.expected_views.append(blocks)
+        return blocks
+
+    def on_token(self, token_id: int, text: str) -> str | None:
+        self.text += text
+        for d in self.reader.feed(text):
+            if d.kind == "/answer" and d.accepted:
+                return "answer"
+        return None
+
+    @property
+    def declarations(self) -> tuple[Declaration, ...]:
+        return self.reader.declarations
+
+    @property
+    def declines(self) -> tuple[Declaration, ...]:
+        return self.reader.declines
+
+    @property
+    def answer(self) -> str | None:
+        """The text of the first ``<answer>`` block, or None if the model never wrote one."""
+        opened = [d for d in self.declarations if d.kind == "answer" and d.accepted]
+        if not opened:
+            return None
+        start = opened[0].end
+        closed = [d for d in self.declarations if d.kind == "/answer" and d.start >= start]
+        end = closed[0].start if closed else len(self.text)
+        return self.text[start:end].strip()
