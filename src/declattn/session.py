@@ -11,20 +11,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from declattn.accounting import Accounting, StepRecord
+from declattn.constrain import FocusConstraint, FocusVocab
 from declattn.protocol.layout import Layout
 from declattn.protocol.modes import Mode
 from declattn.protocol.prompt import RenderedPrompt, render_plain, render_prompt
 from declattn.protocol.segment import Chunk, segment
 from declattn.protocol.tags import Declaration, TagReader
+from declattn.runaway import RunawayGuard
 from declattn.scope import DEFAULT_BLOCK_SIZE, Scope, StepCount
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @dataclass(frozen=True)
 class DAOptions:
-    """Per-request DA settings. ``masking=False`` is the DA-nm arm (DA prompt, full reads)."""
+    """Per-request DA settings. ``masking=False`` is the DA-nm arm (DA prompt, full reads).
+
+    ``constrain``: mask the logits inside a focus declaration so only valid ones can be
+    written; ``None`` lets ``Engine.session`` decide (on for models under 1B parameters),
+    and a session built directly treats it as off. ``runaway``: stop loops and responses
+    that can no longer reach ``<answer>`` (see ``runaway.py``).
+    """
 
     target: int = 2048
     cap: int = 2560
@@ -32,6 +43,8 @@ class DAOptions:
     line_start: bool = False
     masking: bool = True
     style: str = "auto"
+    constrain: bool | None = None
+    runaway: bool = True
 
 
 def token_counter(tokenizer: Any):
@@ -88,6 +101,9 @@ class DASession:
         question: str,
         options: DAOptions | None = None,
         block_size: int = DEFAULT_BLOCK_SIZE,
+        *,
+        max_tokens: int | None = None,
+        focus_vocab: FocusVocab | None = None,
     ) -> None:
         self.options = options or DAOptions()
         if not self.options.masking:
@@ -103,6 +119,12 @@ class DASession:
         self.block_size = block_size
         self.expected_views: list[tuple[int, ...]] = []
         self.text = ""
+        self.n_tokens = 0
+        self.constraint: FocusConstraint | None = None
+        if o.constrain:
+            vocab = focus_vocab or FocusVocab.from_tokenizer(tokenizer)
+            self.constraint = FocusConstraint(vocab, len(self.chunks))
+        self.runaway = RunawayGuard(max_tokens=max_tokens) if o.runaway else None
 
     @property
     def layout(self) -> Layout:
@@ -133,12 +155,27 @@ class DASession:
         self.expected_views.append(blocks)
         return blocks
 
+    def process_logits(self, logits: Tensor) -> Tensor:
+        """Inside a focus declaration, keep only tokens that lead to a valid one."""
+        if self.constraint is None:
+            return logits
+        return self.constraint.apply(logits, self.reader.pending, self.n_tokens)
+
     def on_token(self, token_id: int, text: str) -> str | None:
         self.text += text
+        self.n_tokens += 1
         for d in self.reader.feed(text):
             if d.kind == "/answer" and d.accepted:
                 return "answer"
+        if self.runaway is not None:
+            return self.runaway.on_token(token_id, text, self._answer_open())
         return None
+
+    def _answer_open(self) -> bool:
+        if any(d.kind == "answer" and d.accepted for d in self.reader.declarations):
+            return True
+        pending = self.reader.pending
+        return bool(pending) and (pending.startswith("<answer") or "<answer".startswith(pending))
 
     @property
     def declarations(self) -> tuple[Declaration, ...]:

@@ -16,7 +16,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
-from declattn.engine.attention import PagedAttention, ReadCounter, SeqStep, decode_runs
+from declattn.engine.attention import (
+    PagedAttention,
+    ReadCounter,
+    RunPlan,
+    SeqStep,
+    decode_runs,
+)
 from declattn.engine.kv import KVCache, KVConfig
 
 HEAD_DIM = 16
@@ -236,7 +242,8 @@ def test_chunked_prefill_equals_one_shot(n_heads: int, n_kv: int, window: int | 
 
 @pytest.mark.parametrize(("n_heads", "n_kv"), GQA)
 def test_sliding_window_prefill_and_decode(n_heads: int, n_kv: int) -> None:
-    world = make_world(n_heads, n_kv, windows=(None, 6, 9))
+    windows = (None, 6, 9, 1, 1000)
+    world = make_world(n_heads, n_kv, windows=windows)
     fill_interleaved(world, {1: 33, 2: 18}, seed=7)
     counter = ReadCounter()
     rng = random.Random(1)
@@ -247,7 +254,7 @@ def test_sliding_window_prefill_and_decode(n_heads: int, n_kv: int) -> None:
             assert (o.double() - r).abs().max() < TOL
         step = counter.n_steps - 1
         for st in steps:
-            for layer, window in ((1, 6), (2, 9)):
+            for layer, window in list(enumerate(windows))[1:]:
                 lo = max(0, st.length - window)
                 want = tuple(range(lo // 4, (st.length - 1) // 4 + 1))
                 assert counter.blocks_read(step, st.seq_id, layer, sliding=True) == want
@@ -257,7 +264,8 @@ def test_sliding_window_prefill_and_decode(n_heads: int, n_kv: int) -> None:
                     for r in counter.records
                     if r.step == step and r.seq_id == st.seq_id and r.layer == layer
                 ]
-                assert rec[0].n_bytes == window * world.cache.config.bytes_per_token
+                n_read = min(window, st.length)
+                assert rec[0].n_bytes == n_read * world.cache.config.bytes_per_token
             assert counter.blocks_read(step, st.seq_id, 0) == tuple(st.view)
 
 
@@ -378,14 +386,17 @@ def test_bf16_decode_is_close_to_fp64_reference() -> None:
 
 @pytest.mark.parametrize("n_kv", [1, 2, 4])
 def test_decode_runs_split_any_way_equal_one_softmax(n_kv: int) -> None:
-    """Short (gathered), medium (batched) and long (per-head) runs, in any order, give
-    one softmax over all their rows."""
+    """Short whole-block runs (gathered), ragged and medium runs (one batched matmul)
+    and long runs (head by head), in any order, give one softmax over all their rows."""
     gen = torch.Generator().manual_seed(n_kv)
-    kp = torch.randn(n_kv, 2100, HEAD_DIM, generator=gen)
-    vp = torch.randn(n_kv, 2100, HEAD_DIM, generator=gen)
+    kp = torch.randn(n_kv, 2112, HEAD_DIM, generator=gen)
+    vp = torch.randn(n_kv, 2112, HEAD_DIM, generator=gen)
     q = torch.randn(4, HEAD_DIM, generator=gen)
-    split = [(1500, 2090), (0, 5), (5, 300), (301, 302), (900, 1499), (310, 330)]
-    keep = torch.zeros(2100, dtype=torch.bool)
+    split = [(1500, 2090), (0, 16), (32, 48), (64, 128), (129, 300), (301, 302), (900, 1499)]
+    plan = RunPlan.from_rows(split, 16)
+    assert plan.gather is not None and plan.gather.tolist() == [0, 2, 4, 5, 6, 7]
+    assert len(plan.slices) == 4 and plan.n_rows == sum(b - a for a, b in split)
+    keep = torch.zeros(2112, dtype=torch.bool)
     for r0, r1 in split:
         keep[r0:r1] = True
     ref = dense_reference(q, kp.transpose(0, 1), vp.transpose(0, 1), keep)

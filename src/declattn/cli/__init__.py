@@ -6,10 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from declattn.cli import bench_cmd, demo_cmd, prompt_cmd, replay_cmd, run_cmd
+from declattn.cli import bench_cmd, demo_cmd, models_cmd, prompt_cmd, replay_cmd, run_cmd, show_cmd
 from declattn.cli.common import UserError
 
-_COMMANDS = (prompt_cmd, replay_cmd, run_cmd, bench_cmd, demo_cmd)
+_COMMANDS = (prompt_cmd, replay_cmd, run_cmd, bench_cmd, demo_cmd, show_cmd, models_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,10 +2,11 @@
 
 This is where Declarative Attention saves work. A decode row on a global layer never
 gathers the whole context: the kept blocks are grouped into runs of physically
-consecutive blocks, each run is a zero-copy slice of the pool, attention is computed
-per run and the runs are merged with a log-sum-exp combine (flash-decoding style).
-The bytes touched are therefore the kept blocks' bytes, and ``ReadCounter`` records
-what was actually sliced so the claim can be tested rather than assumed.
+consecutive blocks, each run is a zero-copy slice of the pool (isolated blocks are
+gathered together, block by block), scores of all runs share one softmax, and each
+run's values are weighted from its own slice. The bytes touched are therefore the kept
+blocks' bytes, and ``ReadCounter`` records what was actually read so the claim can be
+tested rather than assumed.
 
 Prefill rows (and chunked prefill) attend causally over every stored position: every
 mode reads the whole prompt while it is being filled in.
@@ -82,6 +83,9 @@ class ReadCounter:
 
     records: list[ReadRecord] = field(default_factory=list)
     n_steps: int = 0
+    _index: dict[tuple[int, int, int, bool], list[ReadRecord]] = field(
+        default_factory=dict, repr=False
+    )
 
     def begin_step(self) -> int:
         """Open a new step and return its index (one per ``PagedAttention``)."""
@@ -90,9 +94,11 @@ class ReadCounter:
 
     def record(self, rec: ReadRecord) -> None:
         self.records.append(rec)
+        self._index.setdefault((rec.step, rec.seq_id, rec.layer, rec.sliding), []).append(rec)
 
     def reset(self) -> None:
         self.records.clear()
+        self._index.clear()
         self.n_steps = 0
 
     def _select(
@@ -116,7 +122,7 @@ class ReadCounter:
         self, step: int, seq_id: int, layer: int, *, sliding: bool = False
     ) -> tuple[int, ...] | None:
         """Logical blocks one decode row read in one layer; ``None`` if it read nothing."""
-        recs = self._select(sliding=sliding, step=step, seq_id=seq_id, layer=layer)
+        recs = self._index.get((step, seq_id, layer, sliding))
         if not recs:
             return None
         return tuple(sorted({b for r in recs for b in r.blocks}))
@@ -147,16 +153,26 @@ class ReadCounter:
         return out
 
 
+def _expand(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(starts[i], stops[i])``, vectorised."""
+    lengths = stops - starts
+    if lengths.sum() == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
+    return offsets + np.arange(int(lengths.sum()))
+
+
 @dataclass(frozen=True)
 class RunPlan:
     """The pool rows one decode row reads, and the logical blocks they cover.
 
-    Long runs of consecutive rows are read as zero-copy slices. Runs of at most
-    ``_GATHER_RUN_ROWS`` rows (blocks left isolated by interleaved growth) are gathered
-    together by one ``index_select`` instead: it reads the same bytes, and a matmul per
-    tiny run would cost far more in call overhead than the copy does.
+    Long runs of consecutive rows, and partial blocks, are read as zero-copy slices.
+    Short runs of whole blocks (left isolated by interleaved growth) are gathered
+    together, block by block, with one ``index_select``: it reads the same bytes, and a
+    matmul per tiny run would cost far more in call overhead than the copy does.
     """
 
+    block_size: int
     slices: tuple[tuple[int, int], ...]
     gather: Tensor | None
     blocks: tuple[int, ...]
@@ -164,18 +180,33 @@ class RunPlan:
 
     @classmethod
     def from_rows(
-        cls, rows: Sequence[tuple[int, int]], blocks: tuple[int, ...] = (), device: str = "cpu"
+        cls,
+        rows: Sequence[tuple[int, int]],
+        block_size: int,
+        table: Sequence[int] | None = None,
+        device: str = "cpu",
     ) -> RunPlan:
-        slices = tuple((r0, r1) for r0, r1 in rows if r1 - r0 > _GATHER_RUN_ROWS)
-        short = [(r0, r1) for r0, r1 in rows if r1 - r0 <= _GATHER_RUN_ROWS]
-        gather = None
-        if len(short) == 1:
-            slices = (*slices, short[0])
-        elif short:
-            idx = np.concatenate([np.arange(r0, r1) for r0, r1 in short])
-            gather = torch.from_numpy(idx).to(device)
-        n_rows = sum(r1 - r0 for r0, r1 in rows)
-        return cls(slices, gather, blocks, n_rows)
+        """Plan the reads of pool ``rows``; ``table`` (physical id of each logical
+        block) lets the plan name the logical blocks its reads cover."""
+        bs = block_size
+        r = np.asarray(rows, dtype=np.int64).reshape(-1, 2)
+        whole = (r[:, 0] % bs == 0) & (r[:, 1] % bs == 0)
+        short = whole & (r[:, 1] - r[:, 0] <= _GATHER_RUN_ROWS)
+        if short.sum() < 2:
+            short[:] = False
+        slices = tuple((int(x), int(y)) for x, y in r[~short])
+        gathered = _expand(r[short, 0] // bs, r[short, 1] // bs)
+        gather = torch.from_numpy(gathered).to(device) if gathered.size else None
+        blocks: tuple[int, ...] = ()
+        if table is not None:
+            # Derived from what is read: the sliced rows' blocks plus the gathered ones.
+            tab = np.asarray(table, dtype=np.int64)
+            logical = np.full(int(tab.max()) + 1, -1, dtype=np.int64)
+            logical[tab] = np.arange(tab.size)
+            sl = r[~short]
+            read = np.concatenate([_expand(sl[:, 0] // bs, (sl[:, 1] - 1) // bs + 1), gathered])
+            blocks = tuple(np.unique(logical[read]).tolist())
+        return cls(bs, slices, gather, blocks, int((r[:, 1] - r[:, 0]).sum()))
 
 
 def _plan_runs(
@@ -195,7 +226,7 @@ def _plan_runs(
     valid = a < b
     phys, a, b = tab[lb[valid]], a[valid], b[valid]
     if phys.size == 0:
-        return RunPlan((), None, (), 0)
+        return RunPlan(bs, (), None, (), 0)
     order = np.argsort(phys, kind="stable")
     phys, a, b = phys[order], a[order], b[order]
     # A block continues the previous run only if it is the next physical block, the
@@ -204,15 +235,8 @@ def _plan_runs(
     cont[1:] = (phys[1:] == phys[:-1] + 1) & (b[:-1] == bs) & (a[1:] == 0)
     starts = np.flatnonzero(~cont)
     ends = np.append(starts[1:], phys.size) - 1
-    r0 = phys[starts] * bs + a[starts]
-    r1 = phys[ends] * bs + b[ends]
-    rows = list(zip(r0.tolist(), r1.tolist(), strict=True))
-    # The counter's blocks come from the rows actually read, mapped back to logical.
-    logical = np.full(int(tab.max()) + 1, -1, dtype=np.int64)
-    logical[tab] = np.arange(tab.size)
-    read = np.concatenate([np.arange(x // bs, (y - 1) // bs + 1) for x, y in rows])
-    blocks = tuple(np.unique(logical[read]).tolist())
-    return RunPlan.from_rows(rows, blocks, device)
+    rows = np.stack([phys[starts] * bs + a[starts], phys[ends] * bs + b[ends]], axis=1)
+    return RunPlan.from_rows(rows, bs, table, device)
 
 
 def _scores_into(qg: Tensor, kr: Tensor, out: Tensor) -> None:
@@ -238,6 +262,21 @@ def _weighted_values(p: Tensor, vr: Tensor) -> Tensor:
     return o
 
 
+def _gather_blocks(pool: Tensor, plan: RunPlan) -> Tensor:
+    """The blocks ``plan.gather`` of ``pool``, contiguous ``[Hkv, n * block_size, D]``.
+
+    Head by head on a ``[blocks, block_size * D]`` view: a row gather of contiguous
+    rows is a plain memcpy per block, where gathering along the middle dimension of
+    the 3-D pool takes a slow generic path."""
+    n_kv, rows, dim = pool.shape
+    width = plan.block_size * dim
+    n = plan.gather.numel()
+    out = torch.empty(n_kv, n, width, dtype=pool.dtype, device=pool.device)
+    for h in range(n_kv):
+        torch.index_select(pool[h].view(rows // plan.block_size, width), 0, plan.gather, out=out[h])
+    return out.view(n_kv, n * plan.block_size, dim)
+
+
 def decode_attention(kp: Tensor, vp: Tensor, q: Tensor, plan: RunPlan, scale: float) -> Tensor:
     """Attention of one query row ``q [H, D]`` over the rows of ``plan`` -> fp32 ``[H, D]``.
 
@@ -255,7 +294,7 @@ def decode_attention(kp: Tensor, vp: Tensor, q: Tensor, plan: RunPlan, scale: fl
     qg = (q.float() * scale).to(kp.dtype).reshape(n_kv, group, dim)
     parts = [(kp[:, r0:r1], vp[:, r0:r1]) for r0, r1 in plan.slices]
     if plan.gather is not None:
-        parts.append((kp.index_select(1, plan.gather), vp.index_select(1, plan.gather)))
+        parts.append((_gather_blocks(kp, plan), _gather_blocks(vp, plan)))
     s = torch.empty(n_kv, group, plan.n_rows, dtype=kp.dtype, device=kp.device)
     off = 0
     for kr, _ in parts:
@@ -273,10 +312,16 @@ def decode_attention(kp: Tensor, vp: Tensor, q: Tensor, plan: RunPlan, scale: fl
 
 
 def decode_runs(
-    kp: Tensor, vp: Tensor, q: Tensor, rows: Sequence[tuple[int, int]], scale: float
+    kp: Tensor,
+    vp: Tensor,
+    q: Tensor,
+    rows: Sequence[tuple[int, int]],
+    scale: float,
+    block_size: int = 16,
 ) -> Tensor:
     """``decode_attention`` over explicit pool row ranges (for tests and benchmarks)."""
-    return decode_attention(kp, vp, q, RunPlan.from_rows(rows, device=str(kp.device)), scale)
+    plan = RunPlan.from_rows(rows, block_size, device=str(kp.device))
+    return decode_attention(kp, vp, q, plan, scale)
 
 
 def _prefill(

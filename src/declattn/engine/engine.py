@@ -62,6 +62,7 @@ class Sequence_:
     output_ids: list[int] = field(default_factory=list)
     token_texts: list[str] = field(default_factory=list)
     reads: list[StepRead] = field(default_factory=list)
+    held: str = ""
     prefilled: int = 0
     finish_reason: str | None = None
     prefill_seconds: float = 0.0
@@ -174,7 +175,7 @@ class PagedEngine:
         if self.waiting:
             return self._prefill_chunk(self.waiting[0])
         if self.running:
-            return self._decode(self.running)
+            return self._decode(list(self.running))
         return []
 
     def _prefill_chunk(self, seq: Sequence_) -> list[TokenEvent]:
@@ -246,28 +247,45 @@ class PagedEngine:
             reason = "eos"
             text += seq.detok.flush()
         text, reason = self._stop_strings(seq, text, reason)
+        if reason is None and len(seq.output_ids) >= seq.params.max_tokens:
+            reason = "length"
+        if reason is not None and reason != "stop":
+            text += seq.held  # a finished response releases what it held back
+            seq.held = ""
         seq.token_texts.append(text)
         on_token = _hook(seq.controller, "on_token")
         if on_token is not None:
             reason = on_token(token, text) or reason
-        if reason is None and len(seq.output_ids) >= seq.params.max_tokens:
-            reason = "length"
         if reason is not None:
             self._finish(seq, reason)
         return TokenEvent(seq.seq_id, token, text, len(seq.output_ids) - 1, reason)
 
     @staticmethod
     def _stop_strings(seq: Sequence_, text: str, reason: str | None) -> tuple[str, str | None]:
-        if not seq.params.stop or not text:
+        """Cut the output at a stop string; hold back a tail that may begin one.
+
+        The held text is released with the next token (or at the end), so a stop string
+        split over tokens is never half-shown.
+        """
+        stops = seq.params.stop
+        if not stops:
             return text, reason
-        before = seq.text
-        window = before[-max(map(len, seq.params.stop)) :] + text
-        for stop in seq.params.stop:
-            at = window.find(stop)
+        pending = seq.held + text
+        seq.held = ""
+        for stop in stops:
+            at = pending.find(stop)
             if at >= 0:
-                keep = max(0, at - (len(window) - len(text)))
-                return text[:keep], "stop"
-        return text, reason
+                return pending[:at], "stop"
+        if reason is None:
+            keep = len(pending)
+            for stop in stops:
+                for n in range(min(len(stop) - 1, len(pending)), 0, -1):
+                    if pending.endswith(stop[:n]):
+                        keep = min(keep, len(pending) - n)
+                        break
+            seq.held = pending[keep:]
+            pending = pending[:keep]
+        return pending, reason
 
     def _finish(self, seq: Sequence_, reason: str) -> None:
         seq.finish_reason = reason

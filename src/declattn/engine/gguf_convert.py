@@ -66,6 +66,7 @@ class GGUFModel:
     reader: Any  # gguf.GGUFReader
     architecture: str
     config: dict[str, Any]
+    has_tokenizer: bool
 
 
 def open_gguf(path: Path) -> GGUFModel:
@@ -78,16 +79,25 @@ def open_gguf(path: Path) -> GGUFModel:
         raise GGUFError(f"not a readable GGUF file ({type(e).__name__}: {e})") from e
     for tensor in reader.tensors:
         if tensor.data.nbytes != tensor.n_bytes:
-            raise GGUFError(f"tensor {tensor.name} is truncated ({tensor.data.nbytes} of "
-                            f"{tensor.n_bytes} bytes)")
-    fields = {name: field for name, field in reader.fields.items()}
+            raise GGUFError(
+                f"tensor {tensor.name} is truncated ({tensor.data.nbytes} of "
+                f"{tensor.n_bytes} bytes)"
+            )
+    fields = dict(reader.fields)
     arch = _field(fields, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
-        raise GGUFUnsupported(f"unsupported GGUF architecture {arch!r}; supported: "
-                              f"{', '.join(sorted(GGUF_ARCHITECTURES))}")
+        raise GGUFUnsupported(
+            f"unsupported GGUF architecture {arch!r}; supported: "
+            f"{', '.join(sorted(GGUF_ARCHITECTURES))}"
+        )
     names = {t.name for t in reader.tensors}
-    return GGUFModel(path=path, reader=reader, architecture=arch,
-                     config=_hf_config(fields, arch, names, reader))
+    return GGUFModel(
+        path=path,
+        reader=reader,
+        architecture=arch,
+        config=_hf_config(fields, arch, names, reader),
+        has_tokenizer="tokenizer.ggml.model" in fields,
+    )
 
 
 def hf_tensors(model: GGUFModel) -> Iterator[tuple[str, np.ndarray]]:
@@ -98,6 +108,8 @@ def hf_tensors(model: GGUFModel) -> Iterator[tuple[str, np.ndarray]]:
     for tensor in model.reader.tensors:
         name = hf_name(tensor.name, model.architecture)
         data = np.ascontiguousarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
+        if not data.flags.writeable:  # a view into the read-only file mapping
+            data = data.copy()
         expected = tuple(int(n) for n in reversed(tensor.shape))
         if data.shape != expected:
             data = data.reshape(expected)
@@ -118,8 +130,11 @@ def hf_name(gguf_name: str, architecture: str) -> str:
     if match is not None:
         layer, part, kind = match.groups()
         if part == "ffn_norm":
-            role = "pre_feedforward_layernorm" if architecture == "gemma3" else (
-                "post_attention_layernorm")
+            role = (
+                "pre_feedforward_layernorm"
+                if architecture == "gemma3"
+                else ("post_attention_layernorm")
+            )
         else:
             role = _BLOCK_NAMES.get(part, "")
         if role:
@@ -168,9 +183,11 @@ def _hf_config(fields: dict[str, Any], arch: str, names: set[str], reader: Any) 
             raise GGUFUnsupported("per-layer kv head counts are not supported")
         kv_heads = kv_heads[0]
     layers = int(get("block_count"))
-    head_dim = get("attention.key_length", None, required=False) or (
-        get("rope.dimension_count", None, required=False) if arch == "llama" else None
-    ) or hidden // heads
+    head_dim = (
+        get("attention.key_length", None, required=False)
+        or (get("rope.dimension_count", None, required=False) if arch == "llama" else None)
+        or hidden // heads
+    )
     embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embed is None:
         raise GGUFError("tensor 'token_embd.weight' missing")
@@ -191,8 +208,11 @@ def _hf_config(fields: dict[str, Any], arch: str, names: set[str], reader: Any) 
         "rope_theta": float(get("rope.freq_base", 1_000_000.0 if arch == "gemma3" else 10_000.0)),
         "torch_dtype": "float32",
     }
-    for key, gguf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                          ("pad_token_id", "padding_token_id")):
+    for key, gguf_key in (
+        ("bos_token_id", "bos_token_id"),
+        ("eos_token_id", "eos_token_id"),
+        ("pad_token_id", "padding_token_id"),
+    ):
         value = _field(fields, f"tokenizer.ggml.{gguf_key}", None, required=False)
         if value is not None:
             config[key] = int(value)
@@ -200,8 +220,10 @@ def _hf_config(fields: dict[str, Any], arch: str, names: set[str], reader: Any) 
     if scaling not in (None, "none"):
         if scaling != "linear":
             raise GGUFUnsupported(f"unsupported rope scaling type {scaling!r} (only linear)")
-        config["rope_scaling"] = {"rope_type": "linear",
-                                  "factor": float(get("rope.scaling.factor"))}
+        config["rope_scaling"] = {
+            "rope_type": "linear",
+            "factor": float(get("rope.scaling.factor")),
+        }
     if arch == "qwen2":
         config["attention_bias"] = False  # qwen2's qkv bias is implied by the architecture
     elif arch == "llama":
@@ -220,14 +242,17 @@ def _gemma3_fields(get: Any, layers: int, hidden: int, heads: int, head_dim: int
         layer_types = ["sliding_attention" if p else "full_attention" for p in pattern]
     else:
         every = int(pattern or _GEMMA3_SLIDING_PATTERN)
-        layer_types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
-                       for i in range(layers)]
+        layer_types = [
+            "full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)
+        ]
     scalar = hidden // heads if layers == _GEMMA3_27B_LAYERS else head_dim
     fields = {
         "hidden_activation": "gelu_pytorch_tanh",
         "sliding_window": int(get("attention.sliding_window")),
         "layer_types": layer_types,
-        "rope_local_base_freq": _GEMMA3_LOCAL_ROPE_BASE,
+        "rope_local_base_freq": float(
+            get("rope.freq_base_swa", _GEMMA3_LOCAL_ROPE_BASE, required=False)
+        ),
         "query_pre_attn_scalar": scalar,
     }
     softcap = get("final_logit_softcapping", None, required=False)

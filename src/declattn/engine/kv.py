@@ -1,4 +1,4 @@
-"""Paged KV storage: fixed-size blocks, per-sequence block tables, a sorted free list.
+"""Paged KV storage: fixed-size blocks, per-sequence block tables, a free-block bitmap.
 
 The pools are laid out ``[n_kv_heads, num_blocks * block_size, head_dim]`` per layer so
 that a run of physically consecutive blocks is a zero-copy slice in which each head's
@@ -10,10 +10,9 @@ are never renumbered: a DA view only changes which blocks are read.
 
 from __future__ import annotations
 
-import bisect
-from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -56,17 +55,6 @@ class KVConfig:
         return self.block_size * self.bytes_per_token
 
 
-def _runs(ids: list[int]) -> Iterator[tuple[int, int]]:
-    """Maximal runs of consecutive integers in a sorted list, as ``(first, length)``."""
-    i = 0
-    while i < len(ids):
-        j = i + 1
-        while j < len(ids) and ids[j] == ids[j - 1] + 1:
-            j += 1
-        yield ids[i], j - i
-        i = j
-
-
 class KVCache:
     """Per-layer K/V block pools plus the block tables that map positions to slots.
 
@@ -85,7 +73,10 @@ class KVCache:
             torch.zeros(shape, dtype=config.dtype, device=config.device)
             for _ in range(config.n_layers)
         ]
-        self._free: list[int] = list(range(config.num_blocks))
+        # The free list is a bitmap: ordered by block id by construction, and its runs
+        # of free blocks come out of one vectorised pass.
+        self._is_free = np.ones(config.num_blocks, dtype=bool)
+        self._n_free = config.num_blocks
         self._tables: dict[int, list[int]] = {}
 
     # -- queries -------------------------------------------------------------------
@@ -100,11 +91,11 @@ class KVCache:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return self._n_free
 
     @property
     def blocks_in_use(self) -> int:
-        return self.config.num_blocks - len(self._free)
+        return self.config.num_blocks - self._n_free
 
     @property
     def seq_ids(self) -> tuple[int, ...]:
@@ -127,8 +118,9 @@ class KVCache:
                 f"{len(table) * self.block_size} allocated slots"
             )
         bs = self.block_size
-        rows = [table[p // bs] * bs + p % bs for p in range(start, stop)]
-        return torch.tensor(rows, dtype=torch.int64, device=self.config.device)
+        pos = np.arange(start, stop)
+        rows = np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs
+        return torch.from_numpy(rows).to(self.config.device)
 
     # -- allocation ----------------------------------------------------------------
     def allocate(self, seq_id: int, total_tokens: int) -> tuple[int, ...]:
@@ -145,37 +137,39 @@ class KVCache:
         if needed <= 0:
             self._tables.setdefault(seq_id, table)
             return ()
-        if needed > len(self._free):
-            raise PoolExhausted(needed, len(self._free))
+        if needed > self._n_free:
+            raise PoolExhausted(needed, self._n_free)
         chosen = self._choose(table[-1] + 1 if table else None, needed)
-        for b in chosen:
-            del self._free[bisect.bisect_left(self._free, b)]
+        self._is_free[chosen] = False
+        self._n_free -= len(chosen)
         self._tables[seq_id] = table + chosen
         return tuple(chosen)
 
     def _choose(self, successor: int | None, n: int) -> list[int]:
         """Pick ``n`` free blocks: extend the last block in place, else the best-fitting
-        free run, else the longest runs first. Reads the free list only."""
-        free = self._free
+        free run, else the longest runs first. Reads the free map only."""
+        is_free = self._is_free
         chosen: list[int] = []
         if successor is not None:
-            i = bisect.bisect_left(free, successor)
-            while len(chosen) < n and i < len(free) and free[i] == successor + len(chosen):
-                chosen.append(free[i])
-                i += 1
+            while len(chosen) < n and successor < is_free.size and is_free[successor]:
+                chosen.append(successor)
+                successor += 1
         rest = n - len(chosen)
         if rest == 0:
             return chosen
-        taken = set(chosen)
-        remaining = [b for b in free if b not in taken]
-        runs = list(_runs(remaining))
-        fitting = [r for r in runs if r[1] >= rest]
-        if fitting:
-            first, _ = min(fitting, key=lambda r: (r[1], r[0]))
-            return chosen + list(range(first, first + rest))
-        for first, length in sorted(runs, key=lambda r: (-r[1], r[0])):
-            take = min(length, rest)
-            chosen.extend(range(first, first + take))
+        padded = np.zeros(is_free.size + 2, dtype=np.int8)
+        padded[1:-1] = is_free
+        padded[[c + 1 for c in chosen]] = 0
+        edges = np.diff(padded)
+        starts = np.flatnonzero(edges == 1)
+        lengths = np.flatnonzero(edges == -1) - starts
+        fitting = np.flatnonzero(lengths >= rest)
+        if fitting.size:
+            best = fitting[np.lexsort((starts[fitting], lengths[fitting]))[0]]
+            return chosen + list(range(int(starts[best]), int(starts[best]) + rest))
+        for i in np.lexsort((starts, -lengths)):
+            take = min(int(lengths[i]), rest)
+            chosen.extend(range(int(starts[i]), int(starts[i]) + take))
             rest -= take
             if rest == 0:
                 break
@@ -184,8 +178,8 @@ class KVCache:
     def free(self, seq_id: int) -> int:
         """Return a sequence's blocks to the pool; returns how many were freed."""
         table = self._tables.pop(seq_id, [])
-        if table:
-            self._free = sorted(self._free + table)
+        self._is_free[table] = True
+        self._n_free += len(table)
         return len(table)
 
     # -- writes --------------------------------------------------------------------

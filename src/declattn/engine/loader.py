@@ -53,6 +53,10 @@ class IncompleteModelError(LoadError):
     """A directory that lacks config.json, weights, or some of the model's tensors."""
 
 
+class InvalidConfigError(LoadError):
+    """A config.json with a required field missing or a value out of range."""
+
+
 @dataclass
 class LoadedModel:
     """A ready model and what came with it.
@@ -88,7 +92,7 @@ def default_dtype(device: torch.device | str | None = None) -> torch.dtype:
 
 
 def converted_cache_root() -> Path:
-    """Where converted GGUF models live: ``$XDG_CACHE_HOME`` (or ``~/.cache``)/declattn/converted."""
+    """``$XDG_CACHE_HOME`` (or ``~/.cache``)/declattn/converted: the user's cache, not the repo."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "declattn" / "converted"
 
@@ -118,7 +122,8 @@ def load_model(
         raise CorruptModelError(
             f"{source}: not a GGUF file (no GGUF magic) and not a model directory"
         )
-    converted, hit = _converted_dir(source, Path(cache_dir) if cache_dir else converted_cache_root())
+    root = Path(cache_dir) if cache_dir is not None else converted_cache_root()
+    converted, hit = _converted_dir(source, root)
     model, config, tokenizer = _load_hf_dir(converted, dt, dev, origin=source)
     return LoadedModel(model, config, tokenizer, source, weights_dir=converted, cache_hit=hit)
 
@@ -163,6 +168,8 @@ def _converted_dir(gguf_path: Path, cache_root: Path) -> tuple[Path, bool]:
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{final.name}-", dir=cache_root))
     try:
         _convert_gguf(gguf_path, tmp)
+        if final.exists() and not (final / "config.json").is_file():
+            shutil.rmtree(final, ignore_errors=True)  # a stray incomplete entry
         try:
             tmp.rename(final)
         except OSError:
@@ -193,11 +200,14 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
         raise CorruptModelError(f"{gguf_path}: cannot dequantise ({e})") from e
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     del tensors
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    except Exception as e:  # transformers raises many kinds here
-        raise UnsupportedModelError(f"{gguf_path}: cannot build its tokenizer ({e})") from e
-    tokenizer.save_pretrained(str(out))
+    if gg.has_tokenizer:
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(
+                str(gguf_path.parent), gguf_file=gguf_path.name
+            )
+        except Exception as e:  # transformers raises many kinds here
+            raise UnsupportedModelError(f"{gguf_path}: cannot build its tokenizer ({e})") from e
+        tokenizer.save_pretrained(str(out))
     source = {"gguf": str(gguf_path), "converter_version": CONVERTER_VERSION}
     (out / "source.json").write_text(json.dumps(source, indent=2) + "\n")
     # config.json last: its presence marks a complete entry.
@@ -220,7 +230,7 @@ def _load_hf_dir(
     except UnsupportedArchitecture as e:
         raise UnsupportedModelError(f"{where}: {e}") from e
     except ConfigError as e:
-        raise UnsupportedModelError(f"{config_path}: {e}") from e
+        raise InvalidConfigError(f"{config_path}: {e}") from e
     state = _read_weights(directory, config, dtype, device)
     with torch.device("meta"):
         model = Decoder(config)

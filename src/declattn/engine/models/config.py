@@ -114,14 +114,19 @@ class ModelConfig:
         kv_heads = _opt_int(d, "num_key_value_heads") or heads
         head_dim = _opt_int(d, "head_dim") or hidden // heads
         if heads % kv_heads:
-            raise ConfigError(f"num_attention_heads={heads} not a multiple of num_key_value_heads"
-                              f"={kv_heads}")
+            raise ConfigError(
+                f"num_attention_heads={heads} not a multiple of num_key_value_heads={kv_heads}"
+            )
         gemma = family == "gemma3"
-        act_name = d.get("hidden_activation") or d.get("hidden_act") or (
-            "gelu_pytorch_tanh" if gemma else "silu")
+        act_name = (
+            d.get("hidden_activation")
+            or d.get("hidden_act")
+            or ("gelu_pytorch_tanh" if gemma else "silu")
+        )
         if act_name not in _ACTIVATIONS:
-            raise ConfigError(f"unsupported activation {act_name!r}; "
-                              f"supported: {', '.join(sorted(_ACTIVATIONS))}")
+            raise ConfigError(
+                f"unsupported activation {act_name!r}; supported: {', '.join(sorted(_ACTIVATIONS))}"
+            )
         if d.get("attn_logit_softcapping") is not None:
             raise ConfigError("attn_logit_softcapping is not supported")
         if d.get("partial_rotary_factor", 1.0) != 1.0:
@@ -197,8 +202,10 @@ def _layer_windows(d: dict[str, Any], family: str, layers: int) -> tuple[int | N
     types = d.get("layer_types")
     if types is None and family == "gemma3":
         pattern = int(d.get("sliding_window_pattern") or _GEMMA3_SLIDING_PATTERN)
-        types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
-                 for i in range(layers)]
+        types = [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+            for i in range(layers)
+        ]
     if types is None and d.get("use_sliding_window") and d.get("sliding_window"):
         first = int(d.get("max_window_layers", 0))
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]

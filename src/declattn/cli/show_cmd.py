@@ -1,0 +1,35 @@
+"""``declattn show``: a PNG and a web page of one DA response, from its run record."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from declattn.cli.common import UserError
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "show",
+        help="draw a run record: mode timeline, attended tokens, chunks read",
+        description="Write RECORD's stem as .png (mode per decode step, attended tokens "
+        "against vanilla, the chunks each step read) and .html (the response coloured by "
+        "mode beside the chunks it read). The page embeds the picture.",
+    )
+    p.add_argument("record", help="a run record JSON file (from `declattn run --save`)")
+    p.add_argument("--out", help="folder for the files (default: next to the record)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from declattn.show import write_show
+
+    try:
+        files = write_show(args.record, args.out)
+    except (FileNotFoundError, ValueError) as e:
+        raise UserError(str(e)) from e
+    except (FileExistsError, NotADirectoryError, PermissionError) as e:
+        raise UserError(f"cannot write to {args.out or 'the record folder'}: {e}") from e
+    print(files.png)
+    print(files.html)
+    return 0

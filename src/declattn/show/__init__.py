@@ -1,0 +1,287 @@
+"""``declattn show``: a picture and a web page of one DA response, from its run record.
+
+The run record (``declattn.record``) is a JSON dict written by one version of the
+engine and read back here, possibly much later and by hand-edited or truncated files.
+This module checks it once, turns it into small typed dataclasses, and gives both
+renderers (``figure`` for the PNG, ``page`` for the HTML) the same reading of it: the
+same mode colours, the same step at which a declaration took effect, the same savings.
+A renderer never indexes the raw dict, so a bad record fails here with one clear
+message rather than deep inside matplotlib or the HTML writer.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from declattn.protocol.layout import Layout, Span
+from declattn.protocol.modes import Mode
+
+__all__ = [
+    "MODE_COLORS",
+    "ShowChunk",
+    "ShowDeclaration",
+    "ShowFiles",
+    "ShowRecord",
+    "ShowStep",
+    "load_show_record",
+    "write_show",
+]
+
+# One colour per mode, shared by the PNG and the HTML so the two read alike.
+MODE_COLORS: dict[str, str] = {
+    Mode.GLOBAL: "#2f6fdb",  # blue
+    Mode.FOCUS: "#2f9e44",  # green
+    Mode.LOCAL: "#c2189b",  # magenta
+    Mode.ANSWER: "#e0a800",  # gold
+}
+
+
+@dataclass(frozen=True)
+class ShowStep:
+    """One decode step: step ``index`` produced output token ``index``.
+
+    ``blocks_read`` holds ``[first, last + 1)`` block ranges the attention actually
+    gathered, or None where the record has no reads for the step (older engines).
+    """
+
+    index: int
+    mode: Mode
+    focus_ids: tuple[int, ...]
+    length: int
+    logical: int
+    physical: int
+    vanilla_logical: int
+    vanilla_physical: int
+    blocks_read: tuple[tuple[int, int], ...] | None
+    seconds: float | None
+
+
+@dataclass(frozen=True)
+class ShowChunk:
+    """A magic chunk: its token span in the prompt and its text."""
+
+    id: int
+    span: Span
+    tokens: int
+    text: str
+
+
+@dataclass(frozen=True)
+class ShowDeclaration:
+    """A tag in the output text, ``[start, end)`` in characters; ``mode`` is the mode after."""
+
+    kind: str
+    start: int
+    end: int
+    tag: str
+    focus_ids: tuple[int, ...]
+    mode: Mode
+    declined: str | None
+
+
+@dataclass(frozen=True)
+class ShowRecord:
+    """What the renderers need of a run record, checked."""
+
+    model: str
+    arm: str
+    date: str
+    question: str
+    block_size: int
+    prompt_tokens: int
+    layout: Layout
+    chunks: tuple[ShowChunk, ...]
+    text: str
+    answer: str | None
+    finish_reason: str | None
+    token_texts: tuple[str, ...]
+    declarations: tuple[ShowDeclaration, ...]
+    steps: tuple[ShowStep, ...]
+    totals: dict[str, Any]
+    by_mode: dict[str, dict[str, Any]]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ShowRecord:
+        """Check and convert a record dict; ``ValueError`` names what is wrong."""
+        if not isinstance(d, dict):
+            raise ValueError("not a DA run record (not a JSON object)")
+        missing = [k for k in ("layout", "output", "block_size", "chunks", "steps") if k not in d]
+        if missing:
+            raise ValueError(f"not a DA run record (missing {', '.join(missing)})")
+        try:
+            return _convert(d)
+        except (KeyError, TypeError, ValueError) as e:
+            what = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+            raise ValueError(f"malformed DA run record: {what}") from e
+
+    @property
+    def saving(self) -> float:
+        """Fraction of vanilla's logical reads avoided over the decode steps."""
+        return _saving(self.totals.get("logical", 0), self.totals.get("vanilla_logical", 0))
+
+    @property
+    def physical_saving(self) -> float:
+        return _saving(self.totals.get("physical", 0), self.totals.get("vanilla_physical", 0))
+
+    @property
+    def declines(self) -> tuple[ShowDeclaration, ...]:
+        return tuple(d for d in self.declarations if d.declined)
+
+    def step_after_char(self, end: int) -> int | None:
+        """The first decode step that reads under a tag ending at character ``end``.
+
+        The tag is complete once the token holding its last character is out; the step
+        after that token's step reads under it (the engine's one-step lag). None when
+        the response ended first.
+        """
+        if end <= 0:
+            return 1
+        ends = self._token_ends()
+        token = bisect.bisect_left(ends, end)
+        step = token + 1
+        return step if step <= len(self.steps) else None
+
+    def _token_ends(self) -> list[int]:
+        ends, total = [], 0
+        for t in self.token_texts:
+            total += len(t)
+            ends.append(total)
+        return ends
+
+
+def _saving(da: float, vanilla: float) -> float:
+    return 1.0 - da / vanilla if vanilla else 0.0
+
+
+def _ranges(raw: Any) -> tuple[tuple[int, int], ...] | None:
+    if raw is None:
+        return None
+    out = []
+    for r in raw:
+        first, stop = int(r[0]), int(r[1])
+        if not 0 <= first <= stop:
+            raise ValueError(f"bad block range {r}")
+        out.append((first, stop))
+    return tuple(out)
+
+
+def _step(s: dict[str, Any]) -> ShowStep:
+    seconds = s.get("seconds")
+    return ShowStep(
+        index=int(s["index"]),
+        mode=Mode(s["mode"]),
+        focus_ids=tuple(int(i) for i in s.get("focus_ids", ())),
+        length=int(s["length"]),
+        logical=int(s["logical"]),
+        physical=int(s["physical"]),
+        vanilla_logical=int(s["vanilla_logical"]),
+        vanilla_physical=int(s["vanilla_physical"]),
+        blocks_read=_ranges(s.get("blocks_read")),
+        seconds=None if seconds is None else float(seconds),
+    )
+
+
+def _declaration(d: dict[str, Any], text_len: int) -> ShowDeclaration:
+    start, end = int(d["start"]), int(d["end"])
+    if not 0 <= start <= end <= text_len:
+        raise ValueError(
+            f"declaration {d.get('tag')!r} at characters {start}-{end} lies outside "
+            f"the output text ({text_len} characters)"
+        )
+    return ShowDeclaration(
+        kind=str(d["kind"]),
+        start=start,
+        end=end,
+        tag=str(d["tag"]),
+        focus_ids=tuple(int(i) for i in d.get("focus_ids", ())),
+        mode=Mode(d["mode"]),
+        declined=None if not d.get("declined") else str(d["declined"]),
+    )
+
+
+def _convert(d: dict[str, Any]) -> ShowRecord:
+    layout = Layout.from_dict(d["layout"])
+    chunks = []
+    for c in d["chunks"]:
+        cid = int(c["id"])
+        chunks.append(ShowChunk(cid, layout.chunk(cid), int(c["tokens"]), str(c["text"])))
+    if len(chunks) != layout.n_chunks:
+        raise ValueError(f"{len(chunks)} chunks listed but the layout has {layout.n_chunks}")
+    out = d["output"]
+    text = str(out["text"])
+    token_texts = tuple(str(t) for t in out.get("token_texts", ()))
+    declarations = sorted(
+        (_declaration(x, len(text)) for x in d.get("declarations", ())), key=lambda x: x.start
+    )
+    steps = tuple(_step(s) for s in d["steps"])
+    block_size = int(d["block_size"])
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    return ShowRecord(
+        model=str(d.get("model", "?")),
+        arm=str(d.get("arm", "da")),
+        date=str(d.get("date", "")),
+        question=str(d.get("question", "")),
+        block_size=block_size,
+        prompt_tokens=int(d.get("prompt_tokens", layout.prompt_len)),
+        layout=layout,
+        chunks=tuple(chunks),
+        text=text,
+        answer=out.get("answer"),
+        finish_reason=out.get("finish_reason"),
+        token_texts=token_texts,
+        declarations=tuple(declarations),
+        steps=steps,
+        totals=dict(d.get("totals") or _sum_steps(steps)),
+        by_mode=dict(d.get("by_mode") or {}),
+    )
+
+
+def _sum_steps(steps: tuple[ShowStep, ...]) -> dict[str, Any]:
+    fields = ("logical", "physical", "vanilla_logical", "vanilla_physical")
+    sums = {f: sum(getattr(s, f) for s in steps) for f in fields}
+    return {"steps": len(steps), **sums}
+
+
+def load_show_record(path: str | Path) -> ShowRecord:
+    """Read a run record file for showing.
+
+    Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for a file that is
+    not a DA run record, both with a message naming the file.
+    """
+    from declattn.record import load_record
+
+    try:
+        record = load_record(path)
+    except TypeError as e:  # JSON that is a number or null: ``in`` fails on it
+        raise ValueError(f"{path}: not a DA run record (not a JSON object)") from e
+    try:
+        return ShowRecord.from_dict(record)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
+
+
+@dataclass(frozen=True)
+class ShowFiles:
+    png: Path
+    html: Path
+
+
+def write_show(record_path: str | Path, out_dir: str | Path | None = None) -> ShowFiles:
+    """Write ``<stem>.png`` and ``<stem>.html`` for a record, next to it by default.
+
+    The page embeds the picture, so the HTML file alone is enough to share.
+    """
+    from declattn.show.figure import save_figure
+    from declattn.show.page import save_page
+
+    record_path = Path(record_path)
+    rec = load_show_record(record_path)
+    out = Path(out_dir) if out_dir is not None else record_path.parent
+    out.mkdir(parents=True, exist_ok=True)
+    png = save_figure(rec, out / f"{record_path.stem}.png")
+    html = save_page(rec, out / f"{record_path.stem}.html", figure_png=png.read_bytes())
+    return ShowFiles(png=png, html=html)

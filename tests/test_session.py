@@ -1,0 +1,132 @@
+"""The DA session drives the real engine path: what the attention reads equals the
+scope on every step, live accounting equals replay, and all-global DA equals DA-nm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from declattn.api import Engine
+from declattn.engine.loader import LoadedModel
+from declattn.engine.models import Decoder, ModelConfig
+from declattn.engine.sampler import SamplingParams
+from declattn.protocol.modes import Mode
+from declattn.replay import replay
+from declattn.session import DAOptions
+
+CONTEXT = "\n\n".join(
+    f"Paragraph {i}: the harbour log for day {i} notes calm water, {i * 3} boats and "
+    f"a keeper named Ada who counted gulls from the gallery." * 3
+    for i in range(1, 13)
+)
+QUESTION = "How many boats were in the harbour on day 5?"
+TRANSCRIPT = (
+    "<global>Day 5 should be in chunk 2.</global>\n"
+    '<focus magic_chunks="2">day 5 notes 15 boats</focus>\n'
+    "<local>So the answer is 15.</local>\n"
+    "<answer>15</answer>"
+)
+OPTIONS = DAOptions(target=96, cap=128)
+
+
+class Forced:
+    """Wraps a session: forces the given output tokens, keeps each step's logits."""
+
+    def __init__(self, session, tokens):
+        self.session, self.tokens, self.logits = session, list(tokens), []
+
+    def view(self, length):
+        return self.session.view(length)
+
+    def process_logits(self, logits):
+        self.logits.append(logits.clone())
+        forced = torch.full_like(logits, float("-inf"))
+        forced[self.tokens[len(self.logits) - 1]] = 0.0
+        return forced
+
+    def on_token(self, token_id, text):
+        return self.session.on_token(token_id, text)
+
+
+@pytest.fixture(scope="module")
+def engine(smol_tokenizer):
+    cfg = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": len(smol_tokenizer), "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 8192, "rope_theta": 10000.0, "tie_word_embeddings": True,
+    }
+    torch.manual_seed(0)
+    config = ModelConfig.from_hf(cfg)
+    model = Decoder(config).float()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return Engine(LoadedModel(model.eval(), config, smol_tokenizer, Path(".")), kv_tokens=8192)
+
+
+def forced_run(engine, transcript, options=OPTIONS):
+    sess = engine.session(CONTEXT, QUESTION, da=True, options=options)
+    tokens = engine.tokenizer.encode(transcript, add_special_tokens=False)
+    ctl = Forced(sess, tokens)
+    params = SamplingParams(max_tokens=len(tokens), ignore_eos=True)
+    seq = engine.core.add(sess.prompt_ids, params, ctl)
+    for _ in engine.core.run(seq):
+        pass
+    return sess, seq, ctl
+
+
+def test_reads_equal_scope_on_every_step(engine):
+    sess, seq, _ = forced_run(engine, TRANSCRIPT)
+    assert len(sess.chunks) >= 4
+    assert len(seq.reads) == len(seq.output_ids) - 1 == len(sess.expected_views)
+    for read, expected in zip(seq.reads, sess.expected_views, strict=True):
+        assert read.blocks == expected
+        assert read.layers_agree
+    modes = {s.mode for s in sess.steps}
+    assert {Mode.GLOBAL, Mode.FOCUS, Mode.LOCAL, Mode.ANSWER} <= modes
+    focus = [s for s in sess.steps if s.mode == Mode.FOCUS]
+    assert all(s.logical < s.vanilla_logical / 2 for s in focus)
+    assert sess.answer == "15"
+    assert seq.finish_reason == "answer"
+
+
+def test_live_accounting_equals_replay(engine):
+    sess, seq, _ = forced_run(engine, TRANSCRIPT)
+    rep = replay(sess.layout, seq.token_texts, block_size=engine.block_size)
+    assert [s.to_dict() for s in rep.steps] == [s.to_dict() for s in sess.steps]
+    assert rep.totals() == sess.accounting.totals()
+
+
+def test_all_global_da_equals_da_without_masking(engine):
+    plain = "The harbour log says there were fifteen boats on day five, I think."
+    _, seq_da, ctl_da = forced_run(engine, plain)
+    _, seq_nm, ctl_nm = forced_run(engine, plain, DAOptions(target=96, cap=128, masking=False))
+    assert seq_da.output_ids == seq_nm.output_ids
+    for a, b in zip(ctl_da.logits, ctl_nm.logits, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_masking_changes_logits_from_the_first_narrow_step_on(engine):
+    sess, _, ctl_da = forced_run(engine, TRANSCRIPT)
+    _, _, ctl_nm = forced_run(engine, TRANSCRIPT, DAOptions(target=96, cap=128, masking=False))
+    first = next(i for i, s in enumerate(sess.steps) if s.mode != Mode.GLOBAL)
+    pairs = list(zip(sess.steps, ctl_da.logits[1:], ctl_nm.logits[1:], strict=True))
+    for _, a, b in pairs[:first]:
+        assert torch.equal(a, b)  # global before any narrowing: identical reads
+    for step, a, b in pairs[first:]:
+        if step.mode != Mode.GLOBAL:
+            assert not torch.allclose(a, b, atol=1e-6)
+
+
+def test_answer_api_reports_the_accounting(engine):
+    ans = engine.answer(CONTEXT, QUESTION, max_tokens=12, options=OPTIONS)
+    s = ans.stats
+    assert s.decode_steps == s.output_tokens - 1
+    assert s.vanilla_attended >= s.logical_attended > 0
+    assert s.blocks_read == sum(len(v) for v in ans.session.expected_views)
+    van = engine.answer(CONTEXT, QUESTION, da=False, max_tokens=12)
+    assert van.stats.logical_attended == van.stats.vanilla_attended
+    assert van.arm == "vanilla" and ans.arm == "da"
