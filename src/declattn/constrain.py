@@ -12,6 +12,9 @@ token is allowed when the tag part of its text (everything up to and including i
 ``>``; what follows the ``>`` is ordinary output) keeps the tag a prefix of a valid focus
 declaration that still fits in ``MAX_TAG_LEN``, or completes one.
 
+Tokens with no text (end of sequence, other special tokens) are masked there too: a
+response cannot stop half-way through a tag.
+
 Valid here is slightly stricter than what the reader accepts, so that anything allowed is
 accepted: ids are 1..n_chunks with no leading zero, at most ``MAX_FOCUS_IDS`` written, the
 closing quote matches the opening one (or there is none), spaces and tabs where the reader

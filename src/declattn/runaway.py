@@ -89,6 +89,8 @@ class RunawayGuard:
         c = self.config
         toks = self._tokens
         toks.append(token_id)
+        if len(toks) > 4 * c.max_period:  # only the last max_period tokens are compared
+            del toks[: -c.max_period - 1]
         i = len(toks) - 1
         found = None
         for k in range(1, c.max_period + 1):

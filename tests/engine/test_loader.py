@@ -370,7 +370,7 @@ def test_converted_bf16_model_generates(first_load, smollm2):
     assert loaded.tokenizer.decode([token]).strip() == "Paris"
 
 
-@pytest.mark.parametrize("keep", [1000, 3_000_000, 0.5])
+@pytest.mark.parametrize("keep", [1000, 500_000, 0.5])
 def test_truncated_gguf_is_reported(smollm2, tmp_path, keep):
     data = smollm2.read_bytes()
     size = int(len(data) * keep) if isinstance(keep, float) else keep

@@ -91,6 +91,8 @@ def open_gguf(path: Path) -> GGUFModel:
             f"{', '.join(sorted(GGUF_ARCHITECTURES))}"
         )
     names = {t.name for t in reader.tensors}
+    for name in names:
+        hf_name(name, arch)  # fail on an unknown tensor before any dequantisation
     return GGUFModel(
         path=path,
         reader=reader,
@@ -130,11 +132,9 @@ def hf_name(gguf_name: str, architecture: str) -> str:
     if match is not None:
         layer, part, kind = match.groups()
         if part == "ffn_norm":
-            role = (
-                "pre_feedforward_layernorm"
-                if architecture == "gemma3"
-                else ("post_attention_layernorm")
-            )
+            # the pre-MLP norm: Llama-style models call it post_attention_layernorm
+            gemma = architecture == "gemma3"
+            role = "pre_feedforward_layernorm" if gemma else "post_attention_layernorm"
         else:
             role = _BLOCK_NAMES.get(part, "")
         if role:

@@ -76,6 +76,7 @@ class LoadedModel:
 
 
 def default_device() -> torch.device:
+    """CUDA when present: the engine's other kernels assume one device per process."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 

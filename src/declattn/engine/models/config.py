@@ -31,6 +31,8 @@ _MODEL_TYPES: dict[str, str] = {
 _DEFAULT_THETA = {"llama": 10_000.0, "qwen2": 10_000.0, "qwen3": 10_000.0, "gemma3": 1_000_000.0}
 _GEMMA3_LOCAL_THETA = 10_000.0
 _GEMMA3_SLIDING_PATTERN = 6
+_GEMMA3_QUERY_SCALAR = 256
+_GEMMA3_WINDOW = 4096
 
 _ACTIVATIONS = {
     "silu": "silu",
@@ -134,7 +136,11 @@ class ModelConfig:
         rope_global, rope_local = _rope(d, family)
         eos = d.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        scalar = d.get("query_pre_attn_scalar") if gemma else None
+        if d.get("use_bidirectional_attention"):
+            raise ConfigError("bidirectional attention (an embedding model) is not supported")
+        # Gemma's query scale has its own field, defaulting to 256 as in the reference code.
+        scalar = d.get("query_pre_attn_scalar", _GEMMA3_QUERY_SCALAR) if gemma else None
+        softcap = d.get("final_logit_softcapping")
         return cls(
             architecture=architecture,
             family=family,
@@ -160,7 +166,7 @@ class ModelConfig:
             layer_windows=_layer_windows(d, family, layers),
             rope_global=rope_global,
             rope_local=rope_local,
-            final_logit_softcap=d.get("final_logit_softcapping"),
+            final_logit_softcap=None if softcap is None else float(softcap),
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             pad_token_id=d.get("pad_token_id"),
@@ -213,7 +219,7 @@ def _layer_windows(d: dict[str, Any], family: str, layers: int) -> tuple[int | N
         return (None,) * layers
     if len(types) != layers:
         raise ConfigError(f"layer_types has {len(types)} entries for {layers} layers")
-    window = d.get("sliding_window")
+    window = d.get("sliding_window", _GEMMA3_WINDOW if family == "gemma3" else None)
     out: list[int | None] = []
     for kind in types:
         if kind == "full_attention":

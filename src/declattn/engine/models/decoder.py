@@ -68,12 +68,10 @@ class Decoder(nn.Module):
         if self.config.embed_scale is not None:
             # Scaled in the model dtype, as the reference implementation does.
             h = h * torch.tensor(self.config.embed_scale, dtype=h.dtype, device=h.device)
-        cos_g, sin_g = self._rotary_global.cos_sin(positions)
-        if self._rotary_local is not None:
-            cos_l, sin_l = self._rotary_local.cos_sin(positions)
+        rope_global = self._rotary_global.cos_sin(positions)
+        rope_local = self._rotary_local.cos_sin(positions) if self._rotary_local else rope_global
         for i, layer in enumerate(self.layers):
-            local = self._rotary_local is not None and self.config.window(i) is not None
-            cos, sin = (cos_l, sin_l) if local else (cos_g, sin_g)
+            cos, sin = rope_global if self.config.window(i) is None else rope_local
             h = layer(h, cos, sin, attn)
         return self.norm(h)
 
