@@ -24,6 +24,7 @@ _LAZY = {
     "Answer": "declattn.api",
     "DAOptions": "declattn.session",
     "SamplingParams": "declattn.engine.sampler",
+    "Client": "declattn.client",
 }
 
 __all__ = [

@@ -6,10 +6,19 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from declattn.cli import bench_cmd, demo_cmd, models_cmd, prompt_cmd, replay_cmd, run_cmd, show_cmd
+from declattn.cli import (
+    bench_cmd,
+    demo_cmd,
+    models_cmd,
+    prompt_cmd,
+    replay_cmd,
+    run_cmd,
+    serve_cmd,
+    show_cmd,
+)
 from declattn.cli.common import UserError
 
-_COMMANDS = (prompt_cmd, replay_cmd, run_cmd, bench_cmd, demo_cmd, show_cmd, models_cmd)
+_COMMANDS = (prompt_cmd, replay_cmd, run_cmd, bench_cmd, demo_cmd, show_cmd, models_cmd, serve_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

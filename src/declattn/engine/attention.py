@@ -324,29 +324,99 @@ def decode_runs(
     return decode_attention(kp, vp, q, plan, scale)
 
 
-def _prefill(
-    kp: Tensor,
-    vp: Tensor,
+PREFILL_STRATEGIES = ("split", "mask")
+"""How a chunk with earlier context attends (global layers): ``split`` scores the earlier
+context without a mask and the chunk itself causally, then merges the two by their
+log-sum-exp; ``mask`` makes one call with an explicit causal mask. A chunk without
+earlier context is always one causal call, and sliding-window layers always use a mask."""
+
+DEFAULT_PREFILL_STRATEGY = "split"
+
+
+def _flash_with_lse() -> object | None:
+    """The CPU flash-attention op that also returns the log-sum-exp, if torch has it.
+
+    Public SDPA does not return the log-sum-exp that merging two partial attentions
+    needs; this op (what SDPA itself calls on CPU) does."""
+    try:
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _context_then_chunk(q4: Tensor, k4: Tensor, v4: Tensor, n_ctx: int, scale: float) -> Tensor:
+    """Causal attention of the last ``n`` positions as (earlier context, no mask) +
+    (the chunk itself, causal), merged exactly by log-sum-exp.
+
+    ``q4 [1, H, n, D]``, ``k4, v4 [1, Hkv, n_ctx + n, D]``. The context part folds each
+    KV head's query group into its rows (``[1, Hkv, G * n, D]``), so grouped heads read
+    each key once and no key is repeated in memory; the chunk part is small (``n x n``)
+    and repeats its own keys per query head.
+    """
+    flash = _flash_with_lse()
+    assert flash is not None
+    _, n_heads, n, dim = q4.shape
+    n_kv = k4.shape[1]
+    group = n_heads // n_kv
+    qc = q4.reshape(1, n_kv, group * n, dim)
+    o1, l1 = flash(qc, k4[:, :, :n_ctx], v4[:, :, :n_ctx], scale=scale)
+    kc, vc = k4[:, :, n_ctx:], v4[:, :, n_ctx:]
+    if group > 1:
+        kc, vc = kc.repeat_interleave(group, dim=1), vc.repeat_interleave(group, dim=1)
+    o2, l2 = flash(q4, kc, vc, is_causal=True, scale=scale)
+    # o = w * o1 + (1 - w) * o2 with w = e^l1 / (e^l1 + e^l2) = sigmoid(l1 - l2).
+    w = torch.sigmoid(l1.reshape(1, n_heads, n) - l2)[..., None]
+    o1 = o1.reshape(1, n_heads, n, dim).float()
+    return o2.float().lerp_(o1, w).to(q4.dtype)
+
+
+def _mask_rows(n_keys: int) -> int:
+    return max(1, _PREFILL_MASK_ELEMS // max(1, n_keys))
+
+
+def prefill_attention(
     q: Tensor,
-    slots: Tensor,
+    k: Tensor,
+    v: Tensor,
     start: int,
     scale: float,
     window: int | None,
+    strategy: str = DEFAULT_PREFILL_STRATEGY,
 ) -> Tensor:
     """Causal (optionally windowed) attention of ``q [n, H, D]`` at positions
-    ``start..start+n-1`` over stored positions ``[0, start+n)`` (``slots`` maps them to
-    pool rows). Computed in fp32 with an explicit mask: correctness over speed."""
+    ``start .. start + n - 1`` over keys ``k, v [Hkv, S, D]`` holding positions
+    ``[start + n - S, start + n)`` (the pool layout: a slice of it is zero-copy).
+
+    Runs fused SDPA in the dtype of ``q`` (keys are cast only if the pool's dtype
+    differs), grouped heads without repeating keys. Returns ``[n, H, D]``.
+    """
+    if strategy not in PREFILL_STRATEGIES:
+        raise ValueError(f"prefill strategy must be one of {PREFILL_STRATEGIES}")
     n = q.shape[0]
     end = start + n
-    k_lo = 0 if window is None else max(0, start - window + 1)
-    idx = slots[k_lo:end]
-    kf = kp.index_select(1, idx).float().unsqueeze(0)
-    vf = vp.index_select(1, idx).float().unsqueeze(0)
-    qf = q.float().permute(1, 0, 2).unsqueeze(0)
-    out = torch.empty(n, q.shape[1], q.shape[2], dtype=q.dtype, device=q.device)
-    chunk = max(1, min(n, _PREFILL_MASK_ELEMS // max(1, end - k_lo)))
-    for qa in range(start, end, chunk):
-        qb = min(end, qa + chunk)
+    k_lo = end - k.shape[1]
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    q4 = q.permute(1, 0, 2).unsqueeze(0)
+    k4, v4 = k.unsqueeze(0), v.unsqueeze(0)
+    if window is None and k_lo == start:
+        o = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, scale=scale, enable_gqa=True)
+        return o[0].permute(1, 0, 2)
+    use_split = (
+        window is None
+        and k_lo == 0
+        and strategy == "split"
+        and q.device.type == "cpu"
+        and _flash_with_lse() is not None
+    )
+    if use_split:
+        return _context_then_chunk(q4, k4, v4, start, scale)[0].permute(1, 0, 2)
+    out = torch.empty_like(q)
+    # Rows go in groups so that one mask stays small; on a sliding-window layer a group
+    # also reads only the keys its rows can see.
+    rows = _mask_rows(end - k_lo) if window is None else max(1, min(n, window))
+    for qa in range(start, end, rows):
+        qb = min(end, qa + rows)
         lo = k_lo if window is None else max(k_lo, qa - window + 1)
         qpos = torch.arange(qa, qb, device=q.device)[:, None]
         kpos = torch.arange(lo, qb, device=q.device)[None, :]
@@ -354,14 +424,14 @@ def _prefill(
         if window is not None:
             mask &= kpos > qpos - window
         o = F.scaled_dot_product_attention(
-            qf[:, :, qa - start : qb - start],
-            kf[:, :, lo - k_lo : qb - k_lo],
-            vf[:, :, lo - k_lo : qb - k_lo],
+            q4[:, :, qa - start : qb - start],
+            k4[:, :, lo - k_lo : qb - k_lo],
+            v4[:, :, lo - k_lo : qb - k_lo],
             attn_mask=mask,
             scale=scale,
             enable_gqa=True,
         )
-        out[qa - start : qb - start] = o[0].permute(1, 0, 2).to(q.dtype)
+        out[qa - start : qb - start] = o[0].permute(1, 0, 2)
     return out
 
 
@@ -369,9 +439,36 @@ def _prefill(
 class _SeqPlan:
     step: SeqStep
     row: int
-    table: tuple[int, ...]
+    table: np.ndarray
     global_runs: RunPlan | None
+    # Prefill rows: pool rows of positions [0, length), a (lo, hi) range when the
+    # sequence's blocks are physically consecutive (a zero-copy slice), else an index.
+    key_rows: tuple[int, int] | Tensor | None = None
     window_runs: dict[int, RunPlan] = field(default_factory=dict)
+
+    def keys(self, pool: Tensor, lo: int, hi: int) -> Tensor:
+        """Pool rows of positions ``[lo, hi)`` as ``[Hkv, hi - lo, D]``."""
+        rows = self.key_rows
+        assert rows is not None, "only prefill rows read keys this way"
+        if isinstance(rows, tuple):
+            return pool[:, rows[0] + lo : rows[0] + hi]
+        return pool.index_select(1, rows[lo:hi])
+
+
+def _consecutive(table: np.ndarray) -> bool:
+    return table.size < 2 or bool((np.diff(table) == 1).all())
+
+
+def _as_rows(slots: list[Tensor]) -> Tensor | slice:
+    """The step's new pool rows; one consecutive range becomes a slice (a plain copy
+    instead of an indexed write, which matters once per layer per decode step)."""
+    if not slots:
+        return torch.empty(0, dtype=torch.int64)
+    rows = torch.cat(slots) if len(slots) > 1 else slots[0]
+    lo, n = int(rows[0]), rows.numel()
+    if int(rows[-1]) == lo + n - 1 and (n < 3 or bool((rows.diff() == 1).all())):
+        return slice(lo, lo + n)
+    return rows
 
 
 class PagedAttention:
@@ -381,19 +478,28 @@ class PagedAttention:
     the model calls it once per layer. Each call stores the step's new k/v, then
     attends: prefill rows causally over everything, decode rows on global layers over
     the view's blocks only, decode rows on sliding layers over the last ``window``
-    positions.
+    positions. Everything that depends only on the step (run plans, slot maps) is
+    worked out here, once, and shared by every layer.
     """
 
     def __init__(
-        self, cache: KVCache, steps: Sequence[SeqStep], counter: ReadCounter | None = None
+        self,
+        cache: KVCache,
+        steps: Sequence[SeqStep],
+        counter: ReadCounter | None = None,
+        *,
+        prefill_strategy: str = DEFAULT_PREFILL_STRATEGY,
     ) -> None:
+        if prefill_strategy not in PREFILL_STRATEGIES:
+            raise ValueError(f"prefill strategy must be one of {PREFILL_STRATEGIES}")
         self.cache = cache
         self.counter = counter
+        self.prefill_strategy = prefill_strategy
         self._device = str(cache.config.device)
         bs = cache.block_size
         seen: set[int] = set()
         plans: list[_SeqPlan] = []
-        slots: list[Tensor] = []
+        new_slots: list[Tensor] = []
         row = 0
         for st in steps:
             if st.seq_id in seen:
@@ -406,30 +512,36 @@ class PagedAttention:
                     f"sequence {st.seq_id} has {cache.capacity(st.seq_id)} slots, needs "
                     f"{st.length}: call cache.allocate first"
                 )
-            table = cache.block_table(st.seq_id)
             n_blocks = -(-st.length // bs)
-            runs = None
+            table = cache.block_array(st.seq_id)[:n_blocks]
+            plan = _SeqPlan(st, row, table, None)
             if st.is_decode:
                 keep = range(n_blocks) if st.view is None else self._check_view(st, n_blocks)
-                runs = _plan_runs(table, keep, 0, st.length, bs, self._device)
-            plans.append(_SeqPlan(st, row, table, runs))
-            # Decode rows need only their own slot; prefill rows read every stored slot.
-            first = st.start if st.is_decode else 0
-            slots.append(cache.slots(st.seq_id, first, st.length))
+                plan.global_runs = _plan_runs(table, keep, 0, st.length, bs, self._device)
+                new_slots.append(cache.slots(st.seq_id, st.start, st.length))
+            elif _consecutive(table):
+                first = int(table[0]) * bs
+                plan.key_rows = (first, first + st.length)
+                new_slots.append(
+                    torch.arange(first + st.start, first + st.length, device=self._device)
+                )
+            else:
+                slots = cache.slots(st.seq_id, 0, st.length)
+                plan.key_rows = slots
+                new_slots.append(slots[st.start :])
+            plans.append(plan)
             row += st.n_new
         self._plans = plans
         self._n_rows = row
-        self._all_slots = slots
-        new = [s[-p.step.n_new :] for s, p in zip(slots, plans, strict=True)]
-        self._new_slots = torch.cat(new) if new else torch.empty(0, dtype=torch.int64)
+        self._new_slots = _as_rows(new_slots)
         self.step = counter.begin_step() if counter is not None else -1
 
     @staticmethod
-    def _check_view(st: SeqStep, n_blocks: int) -> list[int]:
-        keep = sorted(set(st.view or ()))
-        if keep and (keep[0] < 0 or keep[-1] >= n_blocks):
+    def _check_view(st: SeqStep, n_blocks: int) -> np.ndarray:
+        keep = np.unique(np.asarray(st.view if st.view is not None else (), dtype=np.int64))
+        if keep.size and (keep[0] < 0 or keep[-1] >= n_blocks):
             raise ValueError(f"view of sequence {st.seq_id} names blocks outside [0, {n_blocks})")
-        if n_blocks - 1 not in keep:
+        if not keep.size or keep[-1] != n_blocks - 1:
             raise ValueError(
                 f"view of sequence {st.seq_id} misses block {n_blocks - 1}, "
                 "which holds the newest token"
@@ -463,13 +575,15 @@ class PagedAttention:
             raise ValueError("window must be >= 1")
         self.cache.write(layer, self._new_slots, k, v)
         kp, vp = self.cache.k[layer], self.cache.v[layer]
+        if len(self._plans) == 1 and not self._plans[0].step.is_decode:
+            return self._prefill(self._plans[0], kp, vp, q, scale, window)
         out = torch.empty_like(q)
         per_token = self.cache.config.bytes_per_token
-        for plan, slots in zip(self._plans, self._all_slots, strict=True):
+        for plan in self._plans:
             st, r = plan.step, plan.row
             if not st.is_decode:
-                out[r : r + st.n_new] = _prefill(
-                    kp, vp, q[r : r + st.n_new], slots, st.start, scale, window
+                out[r : r + st.n_new] = self._prefill(
+                    plan, kp, vp, q[r : r + st.n_new], scale, window
                 )
                 continue
             runs = plan.global_runs if window is None else self._window_runs(plan, window)
@@ -487,3 +601,18 @@ class PagedAttention:
                     )
                 )
         return out
+
+    def _prefill(
+        self, plan: _SeqPlan, kp: Tensor, vp: Tensor, q: Tensor, scale: float, window: int | None
+    ) -> Tensor:
+        st = plan.step
+        lo = 0 if window is None else max(0, st.start - window + 1)
+        return prefill_attention(
+            q,
+            plan.keys(kp, lo, st.length),
+            plan.keys(vp, lo, st.length),
+            st.start,
+            scale,
+            window,
+            self.prefill_strategy,
+        )

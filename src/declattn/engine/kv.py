@@ -78,6 +78,7 @@ class KVCache:
         self._is_free = np.ones(config.num_blocks, dtype=bool)
         self._n_free = config.num_blocks
         self._tables: dict[int, list[int]] = {}
+        self._arrays: dict[int, np.ndarray] = {}
 
     # -- queries -------------------------------------------------------------------
     @property
@@ -105,6 +106,16 @@ class KVCache:
         """Physical block ids of a sequence, in logical order (empty if unknown)."""
         return tuple(self._tables.get(seq_id, ()))
 
+    def block_array(self, seq_id: int) -> np.ndarray:
+        """``block_table`` as an int64 array, built once per change of the table (a
+        decode step at 128K tokens would otherwise convert 8K ids per step)."""
+        arr = self._arrays.get(seq_id)
+        if arr is None:
+            arr = np.asarray(self._tables.get(seq_id, ()), dtype=np.int64)
+            arr.flags.writeable = False
+            self._arrays[seq_id] = arr
+        return arr
+
     def capacity(self, seq_id: int) -> int:
         """Token positions the sequence's blocks can hold."""
         return len(self._tables.get(seq_id, ())) * self.block_size
@@ -119,7 +130,7 @@ class KVCache:
             )
         bs = self.block_size
         pos = np.arange(start, stop)
-        rows = np.asarray(table, dtype=np.int64)[pos // bs] * bs + pos % bs
+        rows = self.block_array(seq_id)[pos // bs] * bs + pos % bs
         return torch.from_numpy(rows).to(self.config.device)
 
     # -- allocation ----------------------------------------------------------------
@@ -143,6 +154,7 @@ class KVCache:
         self._is_free[chosen] = False
         self._n_free -= len(chosen)
         self._tables[seq_id] = table + chosen
+        self._arrays.pop(seq_id, None)
         return tuple(chosen)
 
     def _choose(self, successor: int | None, n: int) -> list[int]:
@@ -178,12 +190,18 @@ class KVCache:
     def free(self, seq_id: int) -> int:
         """Return a sequence's blocks to the pool; returns how many were freed."""
         table = self._tables.pop(seq_id, [])
+        self._arrays.pop(seq_id, None)
         self._is_free[table] = True
         self._n_free += len(table)
         return len(table)
 
     # -- writes --------------------------------------------------------------------
-    def write(self, layer: int, slots: Tensor, k: Tensor, v: Tensor) -> None:
-        """Store ``k``/``v`` (``[T, n_kv_heads, head_dim]``) at pool rows ``slots``."""
+    def write(self, layer: int, slots: Tensor | slice, k: Tensor, v: Tensor) -> None:
+        """Store ``k``/``v`` (``[T, n_kv_heads, head_dim]``) at pool rows ``slots`` (an
+        index tensor, or a slice for consecutive rows: a plain copy)."""
+        if isinstance(slots, slice):
+            self.k[layer][:, slots].copy_(k.transpose(0, 1))
+            self.v[layer][:, slots].copy_(v.transpose(0, 1))
+            return
         self.k[layer][:, slots, :] = k.transpose(0, 1).to(self.config.dtype)
         self.v[layer][:, slots, :] = v.transpose(0, 1).to(self.config.dtype)

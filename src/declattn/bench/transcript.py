@@ -1,0 +1,112 @@
+"""A planted-fact document and a DA transcript to teacher-force over it.
+
+The end-to-end decode benchmark must replay one and the same output under DA masking
+and under vanilla masking, so the output is written here, not sampled: a global
+section that finds the fact's chunk, a focus section on that chunk and a neighbour, a
+local section, and an answer. Section lengths follow a target mix of tokens per mode
+(about a quarter in global, as in the transcripts the paper reports).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from declattn.bench.segment import sample_text
+
+FACT = "The keeper's logbook says that the vault code of the north tower is 4721."
+QUESTION = "What is the vault code of the north tower, according to the document?"
+ANSWER = "The vault code of the north tower is 4721."
+
+_FILLER = (
+    "The essay moves from the beacon fires of the ancient coast to the lamps of the "
+    "modern age. ",
+    "Each section describes keepers, towers, lenses and the ships they guarded. ",
+    "The passage about the north tower mentions a logbook kept by the keeper. ",
+    "That logbook records the code of the vault in plain words. ",
+    "Nothing in the other sections contradicts what the logbook says. ",
+    "So the code can be read directly from that sentence. ",
+)
+
+
+def _count(tokenizer: Any, text: str) -> int:
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def planted_document(tokenizer: Any, n_tokens: int, depth: float = 0.6) -> str:
+    """The bundled essay repeated to about ``n_tokens`` tokens, with ``FACT`` planted as
+    its own paragraph at ``depth`` (0 = start, 1 = end) of the text."""
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError("depth must be in [0, 1]")
+    unit = sample_text().rstrip("\n") + "\n\n"
+    reps = max(1, -(-n_tokens // max(1, _count(tokenizer, unit))))
+    paragraphs = (unit * reps).split("\n\n")
+    paragraphs = [p for p in paragraphs if p.strip()]
+    # Trim to the budget by characters, a cheap proxy (the essay is plain prose).
+    total_chars = sum(len(p) + 2 for p in paragraphs)
+    budget = total_chars * n_tokens / max(1, _count(tokenizer, "\n\n".join(paragraphs)))
+    kept, used = [], 0
+    for p in paragraphs:
+        if used + len(p) + 2 > budget and kept:
+            break
+        kept.append(p)
+        used += len(p) + 2
+    at = min(len(kept), max(1, round(depth * len(kept))))
+    kept.insert(at, FACT)
+    return "\n\n".join(kept) + "\n"
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Target share of generated tokens per mode (the answer takes the rest)."""
+
+    global_: float = 0.27
+    focus: float = 0.40
+    local: float = 0.23
+
+    def __post_init__(self) -> None:
+        if min(self.global_, self.focus, self.local) < 0 or self.answer < 0:
+            raise ValueError("mode shares must be non-negative and sum to at most 1")
+
+    @property
+    def answer(self) -> float:
+        return 1.0 - self.global_ - self.focus - self.local
+
+
+def _fill(tokenizer: Any, lead: str, n_tokens: int, salt: int) -> str:
+    """``lead`` plus filler sentences until the text has about ``n_tokens`` tokens."""
+    text = lead
+    i = salt
+    while _count(tokenizer, text) < n_tokens:
+        text += _FILLER[i % len(_FILLER)]
+        i += 1
+    return text.rstrip()
+
+
+def forced_transcript(
+    tokenizer: Any, focus: Sequence[int], n_tokens: int, mix: Mix | None = None
+) -> str:
+    """A complete DA response of about ``n_tokens`` tokens focusing on ``focus``."""
+    if not focus:
+        raise ValueError("focus needs at least one chunk id")
+    m = mix or Mix()
+    ids = ",".join(str(i) for i in focus)
+    g = _fill(tokenizer, "I must find the vault code. ", round(m.global_ * n_tokens) - 4, 0)
+    f = _fill(tokenizer, "Reading the chunk closely. ", round(m.focus * n_tokens) - 9, 2)
+    loc = _fill(tokenizer, "Checking the reasoning. ", round(m.local * n_tokens) - 4, 4)
+    a = _fill(tokenizer, ANSWER + " ", round(m.answer * n_tokens) - 4, 3)
+    return (
+        f"<global>{g}</global>\n"
+        f'<focus magic_chunks="{ids}">{f}</focus>\n'
+        f"<local>{loc}</local>\n"
+        f"<answer>{a}</answer>"
+    )
+
+
+def fact_chunk(chunks: Sequence[Any]) -> int:
+    """The id of the chunk whose text holds ``FACT``."""
+    for c in chunks:
+        if FACT in c.text:
+            return int(c.id)
+    raise ValueError("the planted fact is in no chunk (was it cut across two?)")

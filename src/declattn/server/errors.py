@@ -1,0 +1,128 @@
+"""Errors in the shape OpenAI clients expect: ``{"error": {message, type, param, code}}``.
+
+Clients (the official ``openai`` package among them) read the status and this body to
+raise the right exception, so every failure the server reports, including FastAPI's
+own validation errors and anything unexpected, goes out in this one shape.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("declattn.server")
+
+_TYPES = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_error",
+}
+
+
+@dataclass
+class APIError(Exception):
+    """A failure to report to the client, with its HTTP status."""
+
+    status: int
+    message: str
+    param: str | None = None
+    code: str | None = None
+    type: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+        if self.type is None:
+            self.type = _TYPES.get(self.status, "server_error" if self.status >= 500 else
+                                   "invalid_request_error")
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers or None)
+
+    def sse(self) -> str:
+        """The error as one server-sent event, for failures after a stream has begun."""
+        return f"data: {json.dumps(self.body(), ensure_ascii=False)}\n\n"
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def _loc_to_param(loc: tuple[Any, ...] | list[Any]) -> str | None:
+    """``("body", "messages", 0, "content")`` -> ``"messages[0].content"``."""
+    parts = [p for p in loc if p != "body"]
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or None
+
+
+def validation_error(exc: RequestValidationError) -> APIError:
+    """FastAPI's 422 becomes OpenAI's 400, naming the first offending field."""
+    errors = list(exc.errors())
+    if not errors:
+        return bad_request("invalid request")
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        ctx = first.get("ctx") or {}
+        detail = ctx.get("error", "malformed JSON")
+        return bad_request(f"the request body is not valid JSON ({detail})", code="invalid_json")
+    if tuple(first.get("loc", ())) == ("body",):
+        if first.get("type") == "missing":
+            return bad_request("the request body is missing (a JSON object is required)")
+        return bad_request(
+            "the request body must be a JSON object (sent as Content-Type: application/json)",
+            code="invalid_json",
+        )
+    param = _loc_to_param(first.get("loc", ()))
+    msg = first.get("msg", "invalid value")
+    more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
+    where = f"{param}: " if param else ""
+    return bad_request(f"{where}{msg}{more}", param=param, code="invalid_value")
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Route every error the app can raise through the OpenAI shape."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_error(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        err = APIError(exc.status_code, str(exc.detail), code=code)
+        err.headers = dict(exc.headers or {})
+        return err.response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in a request", exc_info=exc)
+        return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()

@@ -1,0 +1,271 @@
+"""From a validated request body to what the scheduler runs: prompt ids, sampling, controller.
+
+Everything that can be refused is refused here, before a request reaches the queue:
+an unknown content type, bad DA options, a context the segmenter cannot cut, a prompt
+plus ``max_tokens`` over the model's positions or over the whole KV pool. The work
+(segmenting, rendering, tokenising) runs off the event loop, in a worker thread.
+
+DA prompts: the last user message is the question and the extension's context (or
+documents) is cut into magic chunks; system and earlier messages are not part of a DA
+prompt, because the DA prompt has its own fixed system turn and layout.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+from declattn.engine.sampler import SamplingParams
+from declattn.protocol.prompt import NoChatTemplateError
+from declattn.protocol.segment import SegmentError
+from declattn.server.controllers import PlainChat
+from declattn.server.errors import APIError, bad_request
+from declattn.server.schemas import ChatCompletionRequest, CompletionRequest, DARequest
+from declattn.session import DAOptions
+
+DEFAULT_TEMPERATURE = 1.0
+"""OpenAI's default when a request names none; send ``temperature: 0`` for greedy."""
+DEFAULT_CHUNK_TOKENS = DAOptions().target
+CAP_RATIO = DAOptions().cap / DAOptions().target
+COMPLETION_DEFAULT_MAX_TOKENS = 16
+"""OpenAI's default for ``/v1/completions``."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a request may ask of this server."""
+
+    max_positions: int
+    pool_blocks: int
+    block_size: int
+    max_tokens_cap: int | None = None
+    default_max_tokens: int = 512
+
+
+@dataclass
+class Prepared:
+    """A request ready to queue: the controller is the session the engine will drive."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    session: Any
+    is_da: bool
+    strip_tags: bool = False
+
+    @property
+    def blocks_needed(self) -> int:
+        """Blocks reserved at admission: the prompt and every token it may generate."""
+        bs = self.session.block_size
+        return -(-(len(self.prompt_ids) + self.params.max_tokens) // bs)
+
+
+# -- message text --------------------------------------------------------------------
+def _content_text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    pieces = []
+    for i, part in enumerate(content):
+        if part.type != "text":
+            raise bad_request(
+                f"{where}.content[{i}]: content type {part.type!r} is not supported "
+                "(only 'text')",
+                param=f"{where}.content[{i}].type",
+            )
+        if part.text is None:
+            raise bad_request(
+                f"{where}.content[{i}]: a text part needs 'text'", param=f"{where}.content[{i}]"
+            )
+        pieces.append(part.text)
+    return "".join(pieces)
+
+
+def _messages(req: ChatCompletionRequest) -> list[dict[str, str]]:
+    return [
+        {"role": m.role, "content": _content_text(m.content, f"messages[{i}]")}
+        for i, m in enumerate(req.messages)
+    ]
+
+
+# -- sampling ------------------------------------------------------------------------
+def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if any(s == "" for s in stops):
+        raise bad_request("stop strings must not be empty", param="stop")
+    return tuple(stops)
+
+
+def _check_n(n: int | None) -> None:
+    if n is not None and n != 1:
+        raise bad_request(f"n={n} is not supported: this server returns one choice (n=1)",
+                          param="n", code="unsupported_value")
+
+
+def _requested_max(requested: int | None, default: int, limits: Limits) -> tuple[int, bool]:
+    """``(max_tokens, explicit)``, clipped to the server's cap."""
+    value = requested if requested is not None else default
+    if limits.max_tokens_cap is not None:
+        value = min(value, limits.max_tokens_cap)
+    return value, requested is not None
+
+
+def _fit_length(prompt_len: int, max_tokens: int, explicit: bool, limits: Limits) -> int:
+    """The final ``max_tokens``: a default shrinks to the room left, an explicit one must fit."""
+    room = limits.max_positions - prompt_len
+    if not explicit and max_tokens > room >= 1:
+        max_tokens = room
+    if prompt_len + max_tokens > limits.max_positions:
+        raise bad_request(
+            f"This model's maximum context length is {limits.max_positions} tokens. However, "
+            f"you requested {prompt_len + max_tokens} tokens ({prompt_len} in the prompt, "
+            f"{max_tokens} in the completion). Please reduce the length of the prompt or "
+            "of the completion.",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    blocks = -(-(prompt_len + max_tokens) // limits.block_size)
+    if blocks > limits.pool_blocks:
+        raise bad_request(
+            f"the request needs {prompt_len + max_tokens} tokens of KV cache ({prompt_len} in "
+            f"the prompt, {max_tokens} in the completion), {blocks} blocks, but this server's "
+            f"KV pool holds only {limits.pool_blocks} blocks "
+            f"({limits.pool_blocks * limits.block_size} tokens)",
+            param="max_tokens",
+            code="context_length_exceeded",
+        )
+    return max_tokens
+
+
+def _params(req: Any, max_tokens: int) -> SamplingParams:
+    try:
+        return SamplingParams(
+            temperature=req.temperature if req.temperature is not None else DEFAULT_TEMPERATURE,
+            top_p=req.top_p if req.top_p is not None else 1.0,
+            seed=req.seed,
+            max_tokens=max_tokens,
+            stop=_stop(req.stop),
+        )
+    except ValueError as e:
+        raise bad_request(str(e)) from e
+
+
+# -- DA ------------------------------------------------------------------------------
+def da_options(da: DARequest) -> DAOptions:
+    """The extension's options as ``DAOptions``; inconsistent ones are a 400."""
+    target = da.chunk_tokens
+    cap = da.chunk_cap
+    if target is None and cap is None:
+        target, cap = DEFAULT_CHUNK_TOKENS, DAOptions().cap
+    elif target is None:
+        assert cap is not None
+        target = min(DEFAULT_CHUNK_TOKENS, cap)
+    elif cap is None:
+        cap = max(target, math.ceil(target * CAP_RATIO))
+    if cap < target:
+        raise bad_request(
+            f"declarative_attention.chunk_cap ({cap}) must be at least chunk_tokens ({target})",
+            param="declarative_attention.chunk_cap",
+            code="invalid_da_options",
+        )
+    options = DAOptions(target=target, cap=cap, line_start=da.line_start, masking=da.masking)
+    if da.constrain is not None and "constrain" in DAOptions.__dataclass_fields__:
+        options = replace(options, constrain=da.constrain)
+    return options
+
+
+def da_context(da: DARequest) -> str:
+    if (da.context is None) == (da.documents is None):
+        raise bad_request(
+            "declarative_attention needs exactly one of 'context' or 'documents'",
+            param="declarative_attention",
+            code="invalid_da_options",
+        )
+    if da.documents is not None:
+        if not da.documents:
+            raise bad_request("declarative_attention.documents is empty",
+                              param="declarative_attention.documents",
+                              code="invalid_da_options")
+        return "\n\n".join(da.documents)
+    assert da.context is not None
+    return da.context
+
+
+def _question(messages: list[dict[str, str]]) -> str:
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    if not users:
+        raise bad_request("a DA request needs a user message (the last one is the question)",
+                          param="messages")
+    if not users[-1].strip():
+        raise bad_request("the last user message (the DA question) is empty", param="messages")
+    return users[-1]
+
+
+def _prepare_da(engine: Any, req: ChatCompletionRequest, limits: Limits) -> Prepared:
+    da = req.declarative_attention
+    assert da is not None
+    options = da_options(da)
+    context = da_context(da)
+    question = _question(_messages(req))
+    requested = req.max_completion_tokens or req.max_tokens
+    max_tokens, explicit = _requested_max(requested, limits.default_max_tokens, limits)
+    try:
+        sess = engine.session(context, question, da=True, options=options, max_tokens=max_tokens)
+    except SegmentError as e:
+        raise bad_request(f"declarative_attention: {e}", param="declarative_attention.context",
+                          code="invalid_da_options") from e
+    except NoChatTemplateError as e:
+        raise bad_request(str(e), param="declarative_attention") from e
+    except ValueError as e:
+        raise bad_request(f"declarative_attention: {e}", param="declarative_attention",
+                          code="invalid_da_options") from e
+    final = _fit_length(len(sess.prompt_ids), max_tokens, explicit, limits)
+    if final != max_tokens and getattr(sess, "runaway", None) is not None:
+        sess.runaway.max_tokens = final  # the guard's budget is the response's budget
+    return Prepared(sess.prompt_ids, _params(req, final), sess, True, da.return_tags == "strip")
+
+
+# -- entry points --------------------------------------------------------------------
+def prepare_chat(engine: Any, req: ChatCompletionRequest, limits: Limits) -> Prepared:
+    """A chat request: DA when the extension is present, else the model's chat template."""
+    _check_n(req.n)
+    if req.declarative_attention is not None:
+        return _prepare_da(engine, req, limits)
+    tok = engine.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise bad_request("this model has no chat template; use /v1/completions with a raw "
+                          "prompt", param="messages")
+    messages = _messages(req)
+    try:
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except Exception as e:  # the template's own checks (role order, ...) fail as jinja errors
+        raise bad_request(f"the chat template cannot render these messages: {e}",
+                          param="messages") from e
+    ids = list(tok.encode(text, add_special_tokens=False))
+    requested = req.max_completion_tokens or req.max_tokens
+    max_tokens, explicit = _requested_max(requested, limits.default_max_tokens, limits)
+    final = _fit_length(len(ids), max_tokens, explicit, limits)
+    return Prepared(ids, _params(req, final), PlainChat(ids, limits.block_size), False)
+
+
+def prepare_completion(engine: Any, req: CompletionRequest, limits: Limits) -> Prepared:
+    """A raw-prompt completion: the prompt is tokenised as it is, no template."""
+    _check_n(req.n)
+    if req.echo:
+        raise bad_request("echo is not supported", param="echo", code="unsupported_value")
+    prompt = req.prompt
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise bad_request("prompt must be one string (a list must hold exactly one)",
+                              param="prompt", code="unsupported_value")
+        prompt = prompt[0]
+    ids = list(engine.tokenizer.encode(prompt, add_special_tokens=True))
+    if not ids:
+        raise bad_request("the prompt is empty", param="prompt")
+    max_tokens, explicit = _requested_max(req.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, limits)
+    final = _fit_length(len(ids), max_tokens, explicit, limits)
+    return Prepared(ids, _params(req, final), PlainChat(ids, limits.block_size), False)
+
+
+__all__ = ["APIError", "Limits", "Prepared", "prepare_chat", "prepare_completion"]

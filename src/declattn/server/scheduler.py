@@ -1,0 +1,405 @@
+"""Continuous batching: one thread owns the engine; requests join and leave between steps.
+
+The event loop never touches the engine. It hands a prepared request to ``submit`` and
+reads the request's own ``asyncio.Queue``; the stepping thread admits requests, steps
+the engine, and posts each request's output to its queue with
+``loop.call_soon_threadsafe``. Between two steps the thread
+
+1. drops cancelled requests (a client that went away): ``engine.abort`` frees blocks;
+2. admits queued requests in arrival order while the batch has room and the KV pool
+   has the blocks for the request's prompt plus ``max_tokens``. Those blocks are
+   reserved at admission, so a running request never meets ``PoolExhausted`` mid-decode
+   and its blocks come out physically consecutive, which decode attention reads fastest;
+3. runs one engine step (a prefill chunk, or one decode step for the whole batch).
+
+A failure fails the requests it belongs to, never the thread: a controller's exception
+is fenced per request (``Guarded``); a prefill failure fails the sequence being
+prefilled; a failure of a batched decode step fails the sequences of that step. Their
+blocks are freed and stepping goes on.
+
+Text goes out as the tag reader allows: for DA, only up to ``reader.safe_end`` (a tag is
+never shown half written), as ``Engine._stream`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from declattn.engine.engine import PagedEngine, Sequence_, TokenEvent
+from declattn.server.controllers import ERROR_REASON, Guarded
+from declattn.server.errors import APIError
+from declattn.server.metrics import Metrics
+from declattn.server.prepare import Prepared
+
+log = logging.getLogger("declattn.server")
+
+_OPENAI_REASON = {"length": "length", "runaway:no_answer": "length"}
+"""Engine finish reasons that OpenAI calls ``length``; every other one is ``stop``."""
+
+
+class QueueFull(Exception):
+    """The admission queue is at its limit; the client should retry later."""
+
+
+# -- what a request's queue receives -------------------------------------------------
+@dataclass(frozen=True)
+class TextOut:
+    """Text that is safe to show (tags decided; stripped if the request asked)."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    finish_reason: str
+    engine_reason: str
+    usage: dict[str, Any]
+    declarations: list[dict[str, Any]] | None
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: APIError
+
+
+Event = TextOut | Finished | Failed
+
+
+@dataclass(eq=False)
+class Job:
+    """One request from submission to its last event."""
+
+    prepared: Prepared
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    guard: Guarded
+    submitted: float = field(default_factory=time.monotonic)
+    seq: Sequence_ | None = None
+    shown: int = 0
+    cancelled: bool = False
+    done: bool = False
+
+    def post(self, event: Event) -> None:
+        if isinstance(event, Finished | Failed):
+            self.done = True
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.cancelled = True
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Scheduler state for ``/metrics`` and ``/health``, published after every step."""
+
+    queued: int = 0
+    running: int = 0
+    prefilling: int = 0
+    blocks_in_use: int = 0
+    blocks_free: int = 0
+    steps: int = 0
+    alive: bool = False
+
+
+class Scheduler:
+    """The stepping thread and its admission queue."""
+
+    def __init__(
+        self,
+        core: PagedEngine,
+        metrics: Metrics,
+        *,
+        max_batch: int = 32,
+        max_queue: int = 256,
+        idle_wait: float = 0.05,
+    ) -> None:
+        if max_batch < 1 or max_queue < 0:
+            raise ValueError("max_batch must be >= 1 and max_queue >= 0")
+        self.core = core
+        self.metrics = metrics
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.idle_wait = idle_wait
+        self._cond = threading.Condition()
+        self._pending: collections.deque[Job] = collections.deque()
+        self._cancels: list[Job] = []
+        self._active: dict[int, Job] = {}
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._snapshot = Snapshot(blocks_free=core.cache.num_free_blocks)
+        self._steps = 0
+
+    # -- event-loop side -----------------------------------------------------------
+    def start(self) -> None:
+        """Start the stepping thread (idempotent)."""
+        with self._cond:
+            if self._thread is not None and self._thread.is_alive():
+                return
+            self._stopping = False
+            self._thread = threading.Thread(target=self._run, name="declattn-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop stepping; requests still queued or running fail with 503."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, prepared: Prepared, loop: asyncio.AbstractEventLoop) -> Job:
+        """Queue a request; raises ``QueueFull`` past the queue limit."""
+        self.start()
+        job = Job(prepared, loop, asyncio.Queue(), Guarded(prepared.session))
+        with self._cond:
+            if len(self._pending) >= self.max_queue:
+                raise QueueFull(f"{len(self._pending)} requests already wait for admission")
+            self._pending.append(job)
+            self._cond.notify_all()
+        return job
+
+    def cancel(self, job: Job) -> None:
+        """The client went away: stop the request and free its blocks (between steps)."""
+        with self._cond:
+            if job.done or job.cancelled:
+                return
+            job.cancelled = True
+            self._cancels.append(job)
+            self._cond.notify_all()
+
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    # -- stepping thread -----------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopping:
+                    break
+                if not self._pending and not self._cancels and not self.core.has_work:
+                    self._cond.wait(self.idle_wait)
+                cancels, self._cancels = self._cancels, []
+            try:
+                self._drop(cancels)
+                self._admit()
+                if self.core.has_work:
+                    self._step()
+            except Exception:  # a bug of our own: log it, keep serving
+                log.exception("scheduler iteration failed")
+                self._fail_all_active(APIError(500, "internal error in the engine loop"))
+            self._publish()
+        self._shutdown()
+
+    def _drop(self, cancels: list[Job]) -> None:
+        for job in cancels:
+            with self._cond:
+                if job in self._pending:
+                    self._pending.remove(job)
+            if job.seq is not None and job.seq.seq_id in self._active:
+                del self._active[job.seq.seq_id]
+                self.core.abort(job.seq, "cancelled")
+            job.done = True
+            self.metrics.count_cancelled()
+
+    def _admit(self) -> None:
+        while True:
+            with self._cond:
+                if not self._pending or len(self._active) >= self.max_batch:
+                    return
+                job = self._pending[0]
+                if job.cancelled:
+                    self._pending.popleft()
+                    continue
+                if job.prepared.blocks_needed > self.core.cache.num_free_blocks:
+                    return  # first come, first served: wait for blocks to free up
+                self._pending.popleft()
+            self._start_job(job)
+
+    def _start_job(self, job: Job) -> None:
+        p = job.prepared
+        try:
+            seq = self.core.add(p.prompt_ids, p.params, job.guard)
+        except Exception as e:
+            job.post(Failed(APIError(500, f"the engine refused the request: {e}")))
+            return
+        job.seq = seq
+        try:
+            self.core.cache.allocate(seq.seq_id, len(p.prompt_ids) + p.params.max_tokens)
+        except Exception as e:
+            self.core.abort(seq, ERROR_REASON)
+            job.post(Failed(APIError(500, f"KV reservation failed: {e}")))
+            return
+        self._active[seq.seq_id] = job
+        self.metrics.observe_queue_wait(time.monotonic() - job.submitted)
+
+    def _step(self) -> None:
+        core = self.core
+        prefilling = core.waiting[0] if core.waiting else None
+        try:
+            events = core.step()
+        except Exception as e:
+            log.exception("engine step failed")
+            victims = [prefilling] if prefilling is not None else list(core.running)
+            for seq in victims:
+                self._fail_seq(seq, APIError(500, f"engine failure: {type(e).__name__}: {e}"))
+            core.counter.reset()
+            return
+        self._steps += 1
+        for event in events:
+            job = self._active.get(event.seq_id)
+            if job is None:
+                continue
+            try:
+                self._deliver(job, event)
+            except Exception as e:  # formatting a result must not stop the others
+                log.exception("delivering a token failed")
+                self._fail_seq(job.seq, APIError(500, f"internal error: {e}"))
+
+    def _fail_seq(self, seq: Sequence_ | None, error: APIError) -> None:
+        if seq is None:
+            return
+        self.core.abort(seq, ERROR_REASON)
+        job = self._active.pop(seq.seq_id, None)
+        if job is not None:
+            job.post(Failed(error))
+            self.metrics.count_failed()
+
+    def _fail_all_active(self, error: APIError) -> None:
+        for job in list(self._active.values()):
+            self._fail_seq(job.seq, error)
+
+    def _deliver(self, job: Job, event: TokenEvent) -> None:
+        seq = job.seq
+        assert seq is not None
+        sess = job.prepared.session
+        finished = event.finish_reason is not None
+        self.metrics.count_tokens(1)
+        if finished and event.finish_reason == ERROR_REASON and job.guard.error is not None:
+            err = job.guard.error
+            self._fail_seq(seq, APIError(500, f"request failed: {type(err).__name__}: {err}"))
+            return
+        reader = getattr(sess, "reader", None)
+        if reader is not None:
+            if finished and not reader.finished:
+                reader.finish()
+            end = reader.safe_end
+        else:
+            end = len(sess.text)
+        start, job.shown = job.shown, max(job.shown, end)
+        text = sess.text[start:end]
+        if text and job.prepared.strip_tags and reader is not None:
+            text = _strip(text, start, reader.declarations)
+        if text and not job.cancelled:
+            job.post(TextOut(text))
+        if finished:
+            self._active.pop(seq.seq_id, None)
+            self._finish(job, seq, event.finish_reason or "stop")
+
+    def _finish(self, job: Job, seq: Sequence_, reason: str) -> None:
+        sess = job.prepared.session
+        usage = build_usage(sess, seq, reason)
+        self.metrics.count_finished(
+            usage["prompt_tokens"],
+            usage["attended_tokens"],
+            usage["vanilla_attended_tokens"],
+        )
+        decls = None
+        if job.prepared.strip_tags and hasattr(sess, "declarations"):
+            decls = [d.to_dict() for d in sess.declarations]
+        job.post(Finished(_OPENAI_REASON.get(reason, "stop"), reason, usage, decls))
+
+    def _publish(self) -> None:
+        with self._cond:
+            queued = len(self._pending)
+        c = self.core
+        self._snapshot = Snapshot(
+            queued=queued,
+            running=len(c.running),
+            prefilling=len(c.waiting),
+            blocks_in_use=c.cache.blocks_in_use,
+            blocks_free=c.cache.num_free_blocks,
+            steps=self._steps,
+            alive=not self._stopping,
+        )
+
+    def _shutdown(self) -> None:
+        error = APIError(503, "the server is shutting down", code="shutting_down")
+        with self._cond:
+            pending, self._pending = list(self._pending), collections.deque()
+        for job in pending:
+            job.post(Failed(error))
+        self._fail_all_active(error)
+        self._publish()
+
+
+def _strip(text: str, start: int, declarations: Any) -> str:
+    """``text`` (output offsets ``[start, start + len)``) without the declarations' tags."""
+    end = start + len(text)
+    out, pos = [], start
+    for d in declarations:
+        if d.end <= start or d.start >= end:
+            continue
+        out.append(text[pos - start : max(pos, d.start) - start])
+        pos = max(pos, d.end)
+    out.append(text[pos - start :])
+    return "".join(out)
+
+
+def build_usage(sess: Any, seq: Sequence_, reason: str) -> dict[str, Any]:
+    """OpenAI's usage, plus attended tokens and (for DA) the DA report.
+
+    ``attended_tokens`` sums, over decode steps, the KV positions attention read;
+    ``vanilla_attended_tokens`` is what full attention would have read on those steps.
+    """
+    totals = sess.accounting.totals()
+    prompt, completion = len(seq.prompt_ids), len(seq.output_ids)
+    usage: dict[str, Any] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "attended_tokens": totals["logical"],
+        "vanilla_attended_tokens": totals["vanilla_logical"],
+    }
+    if hasattr(sess, "reader"):
+        by_mode = sess.accounting.by_mode()
+        usage["declarative_attention"] = {
+            "arm": sess.mode_name,
+            "answer": sess.answer,
+            "finish_reason": reason,
+            "chunks": len(sess.chunks),
+            "decode_steps": totals["steps"],
+            "declarations": [d.to_dict() for d in sess.declarations],
+            "declines": [
+                {"tag": d.tag, "reason": str(d.declined), "start": d.start}
+                for d in sess.declines
+            ],
+            "attended_tokens_by_mode": {str(m): dict(v) for m, v in by_mode.items()},
+            "physical_attended_tokens": totals["physical"],
+            "vanilla_physical_attended_tokens": totals["vanilla_physical"],
+            "saving": totals["logical_saving"],
+        }
+    return usage
+
+
+__all__ = [
+    "Event",
+    "Failed",
+    "Finished",
+    "Job",
+    "QueueFull",
+    "Scheduler",
+    "Snapshot",
+    "TextOut",
+    "build_usage",
+]

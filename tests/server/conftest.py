@@ -1,0 +1,130 @@
+"""The real server on loopback: uvicorn in a background thread, SmolLM2 loaded once.
+
+Each server gets its own KV pool and scheduler over the one loaded model, so tests can
+ask for a small pool or a short queue without loading the model again.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+MODEL = "smollm2-135m"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RunningServer:
+    url: str
+    app: Any
+    server: Any
+    thread: threading.Thread
+
+    @property
+    def state(self) -> Any:
+        return self.app.state.declattn
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def start_server(engine: Any, **config: Any) -> RunningServer:
+    import uvicorn
+
+    from declattn.server import ServerConfig, create_app
+
+    app = create_app(engine, ServerConfig(model_id=MODEL, **config))
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the server did not start")
+        time.sleep(0.02)
+    return RunningServer(f"http://127.0.0.1:{port}", app, server, thread)
+
+
+@pytest.fixture(scope="session")
+def smol_engine() -> Any:
+    """SmolLM2 loaded once for every server test (dtype from DECLATTN_TEST_DTYPE)."""
+    from declattn.cli.serve_cmd import load_engine
+
+    return load_engine(MODEL, dtype=os.environ.get("DECLATTN_TEST_DTYPE"))
+
+
+@pytest.fixture(scope="session")
+def server_factory(smol_engine: Any) -> Iterator[Callable[..., RunningServer]]:
+    started: list[RunningServer] = []
+
+    def make(**config: Any) -> RunningServer:
+        srv = start_server(smol_engine, **config)
+        started.append(srv)
+        return srv
+
+    yield make
+    for srv in started:
+        srv.stop()
+
+
+FACTS = [
+    ("Ada", "Skerry", "two goats"),
+    ("Bram", "Holm", "a lame pony"),
+    ("Cora", "Fair Isle", "three hens"),
+    ("Dunstan", "Muck", "an old dog"),
+    ("Elin", "Rona", "a pair of geese"),
+    ("Finn", "Eigg", "seven sheep"),
+    ("Greta", "Canna", "one cow"),
+    ("Hugh", "Barra", "a cat"),
+]
+
+
+def da_context(i: int) -> str:
+    """A short context (about 80 tokens, several chunks at chunk_tokens=16) per index."""
+    name, island, animals = FACTS[i % len(FACTS)]
+    return (
+        f"The lighthouse keeper was named {name}. {name} lived on the island of {island} "
+        f"for {20 + i} years.\n\nThe island had one well and {animals}.\n\n"
+        f"Supplies came by boat every {2 + i % 5} weeks, weather permitting."
+    )
+
+
+def plain_prompt(i: int) -> str:
+    name, island, _ = FACTS[i % len(FACTS)]
+    return f"Write one sentence about a keeper called {name} on {island}. ({i})"
+
+
+def request_body(i: int, *, max_tokens: int = 10, stream: bool = True) -> dict[str, Any]:
+    """Request ``i`` of a mixed set: every fourth one runs with DA, the rest are plain."""
+    body: dict[str, Any] = {
+        "model": MODEL,
+        "temperature": 0.0,
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
+    if i % 4 == 0:
+        body["messages"] = [{"role": "user", "content": "Who was the keeper, and where?"}]
+        body["declarative_attention"] = {"context": da_context(i), "chunk_tokens": 16}
+    else:
+        body["messages"] = [{"role": "user", "content": plain_prompt(i)}]
+    return body
