@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from declattn.constrain import VocabCache
-from declattn.engine.engine import PagedEngine, Sequence_, StepRead
+from declattn.engine.engine import DEFAULT_PREFILL_CHUNK, PagedEngine, Sequence_, StepRead
 from declattn.engine.loader import LoadedModel, load_model
 from declattn.engine.registry import resolve_model
 from declattn.engine.sampler import SamplingParams
@@ -91,7 +91,7 @@ class Engine:
         *,
         kv_tokens: int = DEFAULT_KV_TOKENS,
         block_size: int = 16,
-        prefill_chunk: int = 512,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         if loaded.tokenizer is None:
             raise ValueError(f"{loaded.source}: the model has no tokenizer")

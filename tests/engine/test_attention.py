@@ -17,11 +17,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as hst
 
 from declattn.engine.attention import (
+    PREFILL_STRATEGIES,
     PagedAttention,
     ReadCounter,
     RunPlan,
     SeqStep,
     decode_runs,
+    prefill_attention,
 )
 from declattn.engine.kv import KVCache, KVConfig
 
@@ -215,9 +217,12 @@ def test_all_blocks_view_equals_full_causal(n_heads: int, n_kv: int) -> None:
     assert (a[0].double() - ref).abs().max() < TOL
 
 
+@pytest.mark.parametrize("strategy", PREFILL_STRATEGIES)
 @pytest.mark.parametrize(("n_heads", "n_kv"), GQA)
 @pytest.mark.parametrize("window", [None, 7])
-def test_chunked_prefill_equals_one_shot(n_heads: int, n_kv: int, window: int | None) -> None:
+def test_chunked_prefill_equals_one_shot(
+    n_heads: int, n_kv: int, window: int | None, strategy: str
+) -> None:
     total = 45
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(total, n_heads, HEAD_DIM, generator=gen)
@@ -234,7 +239,7 @@ def test_chunked_prefill_equals_one_shot(n_heads: int, n_kv: int, window: int | 
     for a, b in [(0, 10), (10, 11), (11, 29), (29, 45)]:
         chunked.cache.allocate(100 + a, 5)  # fragment the table between chunks
         chunked.cache.allocate(1, b)
-        attn = PagedAttention(chunked.cache, [SeqStep(1, a, b - a)])
+        attn = PagedAttention(chunked.cache, [SeqStep(1, a, b - a)], prefill_strategy=strategy)
         pieces.append(attn(0, q[a:b], k[a:b], v[a:b], scale=SCALE, window=window))
     assert n_runs(chunked.cache.block_table(1)) > 1
     assert torch.allclose(torch.cat(pieces), out_one[0], atol=TOL, rtol=0)
@@ -337,6 +342,42 @@ def test_counter_equals_view_on_every_step_and_counts_bytes() -> None:
     assert counter.records == [] and counter.n_steps == 0 and counter.total_bytes() == 0
 
 
+@pytest.mark.parametrize("strategy", PREFILL_STRATEGIES)
+@pytest.mark.parametrize(("n_heads", "n_kv", "window"), [(8, 2, None), (6, 3, None), (4, 1, 40)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_attention_matches_dense_reference(
+    strategy: str, n_heads: int, n_kv: int, window: int | None, dtype: torch.dtype
+) -> None:
+    """A later chunk over earlier context, both strategies, both dtypes: the fp32 path
+    is exact to 1e-5, the bf16 path (the model dtype on CPU) close to the fp64 truth."""
+    gen = torch.Generator().manual_seed(n_heads + n_kv)
+    start, n = 150, 70
+    q = torch.randn(n, n_heads, HEAD_DIM, generator=gen).to(dtype)
+    k = torch.randn(n_kv, start + n, HEAD_DIM, generator=gen).to(dtype)
+    v = torch.randn(n_kv, start + n, HEAD_DIM, generator=gen).to(dtype)
+    pos = torch.arange(start + n)[None, :]
+    qpos = torch.arange(start, start + n)[:, None]
+    keep = pos <= qpos
+    if window is not None:
+        keep &= pos > qpos - window
+    ref = dense_reference(q, k.transpose(0, 1), v.transpose(0, 1), keep)
+    got = prefill_attention(q, k, v, start, SCALE, window, strategy)
+    assert got.dtype == dtype and got.shape == q.shape
+    tol = TOL if dtype == torch.float32 else 3e-2
+    assert (got.double() - ref).abs().max() < tol
+    if window is not None:  # keys before the window may be left out entirely
+        lo = start - window + 1
+        part = prefill_attention(q, k[:, lo:], v[:, lo:], start, SCALE, window, strategy)
+        assert (part.double() - ref).abs().max() < tol
+
+
+def test_prefill_strategy_is_checked() -> None:
+    world = make_world(4, 2)
+    world.cache.allocate(1, 8)
+    with pytest.raises(ValueError, match="strategy"):
+        PagedAttention(world.cache, [SeqStep(1, 0, 8)], prefill_strategy="fast")
+
+
 def test_prefill_rows_are_not_counted_and_ignore_views() -> None:
     world = make_world(4, 2)
     counter = ReadCounter()
@@ -386,16 +427,21 @@ def test_bf16_decode_is_close_to_fp64_reference() -> None:
 
 @pytest.mark.parametrize("n_kv", [1, 2, 4])
 def test_decode_runs_split_any_way_equal_one_softmax(n_kv: int) -> None:
-    """Short whole-block runs (gathered), ragged and medium runs (one batched matmul)
-    and long runs (head by head), in any order, give one softmax over all their rows."""
+    """Many short whole-block runs (gathered), ragged and medium runs (flash kernel, or
+    one batched matmul) and long runs (head by head), in any order, give one softmax
+    over all their rows."""
     gen = torch.Generator().manual_seed(n_kv)
     kp = torch.randn(n_kv, 2112, HEAD_DIM, generator=gen)
     vp = torch.randn(n_kv, 2112, HEAD_DIM, generator=gen)
     q = torch.randn(4, HEAD_DIM, generator=gen)
-    split = [(1500, 2090), (0, 16), (32, 48), (64, 128), (129, 300), (301, 302), (900, 1499)]
+    short = [(0, 16), (32, 48), (64, 128), (160, 176), (192, 208), (224, 240), (256, 272),
+             (288, 320)]
+    split = [(1500, 2090), *short, (329, 400), (401, 402), (900, 1499)]
     plan = RunPlan.from_rows(split, 16)
-    assert plan.gather is not None and plan.gather.tolist() == [0, 2, 4, 5, 6, 7]
+    assert plan.gather is not None
+    assert plan.gather.tolist() == [0, 2, 4, 5, 6, 7, 10, 12, 14, 16, 18, 19]
     assert len(plan.slices) == 4 and plan.n_rows == sum(b - a for a, b in split)
+    assert RunPlan.from_rows(split[:4], 16).gather is None  # a few runs stay slices
     keep = torch.zeros(2112, dtype=torch.bool)
     for r0, r1 in split:
         keep[r0:r1] = True
@@ -404,6 +450,32 @@ def test_decode_runs_split_any_way_equal_one_softmax(n_kv: int) -> None:
     assert (got.double() - ref).abs().max() < TOL
     shuffled = decode_runs(kp, vp, q, split[::-1], SCALE)
     assert (shuffled.double() - ref).abs().max() < TOL
+
+
+@pytest.mark.parametrize(
+    "rows",
+    [
+        [(0, 5000)],  # one long run: BLAS only
+        [(0, 16), (700, 5100), (5200, 5301)],  # long + short: log-sum-exp merge
+        [(32, 64), (96, 1000)],  # short only: flash partials merged
+        [(100, 180)],  # one short run: the flash output as it is
+    ],
+    ids=["long", "mixed", "short", "single"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_kernels_and_their_merge_match_dense(rows, dtype) -> None:
+    gen = torch.Generator().manual_seed(len(rows))
+    n_kv = 2
+    kp = torch.randn(n_kv, 5400, HEAD_DIM, generator=gen).to(dtype)
+    vp = torch.randn(n_kv, 5400, HEAD_DIM, generator=gen).to(dtype)
+    q = torch.randn(8, HEAD_DIM, generator=gen).to(dtype)
+    keep = torch.zeros(5400, dtype=torch.bool)
+    for r0, r1 in rows:
+        keep[r0:r1] = True
+    ref = dense_reference(q, kp.transpose(0, 1), vp.transpose(0, 1), keep)
+    got = decode_runs(kp, vp, q, rows, SCALE)
+    assert got.dtype == torch.float32
+    assert (got.double() - ref).abs().max() < (TOL if dtype == torch.float32 else 2e-2)
 
 
 @pytest.fixture(scope="module", params=GQA, ids=lambda p: f"gqa{p[0] // p[1]}")

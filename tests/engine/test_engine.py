@@ -180,3 +180,40 @@ def test_prompt_longer_than_the_model_is_refused():
     engine = make_engine(tiny_model())
     with pytest.raises(ValueError, match="exceeds"):
         engine.add(prompt(4000, 1), SamplingParams(max_tokens=200))
+
+
+def test_synthetic_prefill_leaves_the_last_token_to_the_model():
+    model = tiny_model()
+    ids = prompt(100, 3)
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    engine = make_engine(model)
+    seq = engine.add(ids, params)
+    engine.prefill_synthetic(seq, generator=torch.Generator().manual_seed(0))
+    assert seq.prefilled == 99 and seq in engine.waiting
+    rows = engine.cache.slots(seq.seq_id, 0, 99)
+    assert all(bool(pool[:, rows].abs().sum(-1).gt(0).all()) for pool in engine.cache.k)
+    with pytest.raises(ValueError, match="nothing prefilled"):
+        engine.prefill_synthetic(seq)
+    events = engine.step()  # one real prefill step: the last prompt token
+    assert [e.index for e in events] == [0] and seq in engine.running
+    for _ in engine.run(seq):
+        pass
+    assert len(seq.output_ids) == 6 and len(seq.reads) == 5
+    assert all(r.length == 100 + i for i, r in enumerate(seq.reads, start=1))
+    # Nothing synthetic (upto=0) is an ordinary prefill: the same tokens as without it.
+    plain = run_one(make_engine(model), ids, params)
+    other = make_engine(model)
+    seq0 = other.add(ids, params)
+    other.prefill_synthetic(seq0, upto=0)
+    for _ in other.run(seq0):
+        pass
+    assert seq0.output_ids == plain.output_ids
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 2048])
+def test_prefill_chunk_size_does_not_change_tokens(chunk):
+    model = tiny_model(seed=2)
+    ids = prompt(150, 5)
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    seq = run_one(make_engine(model, prefill_chunk=chunk), ids, params)
+    assert seq.output_ids == dense_greedy(model, ids, 8)

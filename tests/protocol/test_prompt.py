@@ -353,11 +353,14 @@ def test_single_and_empty_chunks(smol_tools: Any) -> None:
     _check(smol_tools, one, [C(1, "only chunk")], QUESTION, "<|im_start|>user\n")
 
 
-def test_question_window_falls_back_to_question_text(smol: Any) -> None:
+def test_question_window_falls_back_to_the_turn_content(smol: Any) -> None:
     tok = _with_template(smol, CHATML_COUNTING)
     rp = render_prompt(tok, PLAIN_CHUNKS, QUESTION)
     window = _decode(tok, rp.token_ids[rp.layout.question.start :])
-    assert window.startswith(QUESTION)  # no turn header: the prefix property failed
+    # No turn header (the prefix property failed), but the instruction and the question
+    # are both inside the window.
+    assert window.startswith(DA_INSTRUCTION[:40])
+    assert QUESTION in window
 
 
 def test_chunks_need_only_id_and_text(smol: Any) -> None:
@@ -463,4 +466,5 @@ def test_random_documents_keep_exact_spans(
         assert _decode(smol_tools, piece) == own_round_trip(chunk.text)
         assert not _special_ids(smol_tools) & set(piece)
     window = _decode(smol_tools, rp.token_ids[rp.layout.question.start :])
-    assert window.startswith("<|im_start|>user\n" + own_round_trip(question) + "\n\n")
+    assert window.startswith("<|im_start|>user\n" + DA_INSTRUCTION[:40])
+    assert window.endswith(own_round_trip(question) + "<|im_end|>\n<|im_start|>assistant\n")

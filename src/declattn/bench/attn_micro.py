@@ -6,7 +6,9 @@ The three modes are interleaved in one loop with a bandwidth probe, and the cach
 flushed before every step, as a real step's weight reads would flush them, so a small
 view cannot win by sitting in L3. The figure of merit is the time fraction of a mode
 against global over its kept-byte fraction: 1.0 means reading fewer blocks saves time
-exactly in proportion to the bytes.
+exactly in proportion to the bytes. Process CPU time is recorded beside wall time: on a
+machine shared with busy neighbours it is the steadier of the two (it leaves out the
+time this process waited for a core), though it still pays for shared memory bandwidth.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ def mode_views(layout: Layout, length: int, block_size: int, n_focus: int) -> di
 class _Arm:
     view: tuple[int, ...] | None
     times: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
     plans: list[float] = field(default_factory=list)
     bytes_per_layer: int = 0
     blocks: int = 0
@@ -153,10 +156,13 @@ def bench_context(
                 t0 = time.perf_counter()
                 PagedAttention(cache, [SeqStep(0, length - 1, 1, arm.view)])
                 t1 = time.perf_counter()
+                c1 = time.process_time()
                 step(arm, None)()
+                c2 = time.process_time()
                 t2 = time.perf_counter()
                 arm.plans.append(t1 - t0)
                 arm.times.append((t2 - t1) / cfg.n_layers)  # one plan included
+                arm.cpu.append((c2 - c1) / cfg.n_layers)
     out: dict[str, Any] = {
         "context": context,
         "length": length,
@@ -165,13 +171,17 @@ def bench_context(
         "modes": {},
     }
     g = arms["global"]
-    g_time = Timing.of(g.times)
+    g_time, g_cpu = Timing.of(g.times), Timing.of(g.cpu)
     for name, arm in arms.items():
-        t = Timing.of(arm.times)
+        t, c = Timing.of(arm.times), Timing.of(arm.cpu)
         entry: dict[str, Any] = {
             "blocks": arm.blocks,
             "bytes_per_layer": arm.bytes_per_layer,
             "seconds_per_layer": t.to_dict(),
+            "cpu_seconds_per_layer": c.to_dict(),
+            "cpu_time_over_bytes_best": c.best / g_cpu.best / (
+                arm.bytes_per_layer / g.bytes_per_layer
+            ),
             "plan_seconds_per_step": Timing.of(arm.plans).to_dict(),
             "byte_fraction": arm.bytes_per_layer / g.bytes_per_layer,
             "time_fraction_best": t.best / g_time.best,

@@ -3,10 +3,11 @@
 Both arms use the same DA prompt (rendered by ``DASession``, so the layout and the views
 are the real ones) and the same teacher-forced output; vanilla is the DA-nm arm (view
 ``None``: every block read). The two run in one process, step for step in alternation
-(the order flipping every step), so a neighbour's load falls on both alike. The KV of
-the prompt is synthetic except its last token (``PagedEngine.prefill_synthetic``): a
-step's cost does not depend on the values it reads, and the measured ratio is then
-set beside the ratio a roofline predicts from the bytes each arm read.
+(the order flipping every step), so a neighbour's load falls on both alike; process
+CPU time is kept beside wall time. The KV of the prompt is synthetic except its last
+token (``PagedEngine.prefill_synthetic``): a step's cost does not depend on the values
+it reads. The measured ratio is set beside the ratio a roofline predicts from the
+bytes each arm read (weights and KV alike).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from declattn.bench.transcript import QUESTION, Mix, fact_chunk, forced_transcript, planted_document
-from declattn.engine.engine import PagedEngine, Sequence_
+from declattn.bench.transcript import QUESTION, fact_chunk, forced_transcript, planted_document
+from declattn.engine.engine import DEFAULT_PREFILL_CHUNK, PagedEngine, Sequence_
 from declattn.engine.models import Decoder, ModelConfig
 from declattn.engine.sampler import SamplingParams
 from declattn.session import DAOptions, DASession
@@ -95,7 +96,7 @@ class E2EConfig:
     context_tokens: int
     output_tokens: int = 160
     block_size: int = 16
-    prefill_chunk: int = 2048
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     seed: int = 0
 
     def to_dict(self) -> dict[str, Any]:
@@ -109,6 +110,7 @@ class _Arm:
     session: DASession
     seq: Sequence_
     times: list[float]
+    cpu: list[float]
 
 
 def _null_attention_step(model: Decoder, position: int, reps: int = 5) -> float:
@@ -149,7 +151,7 @@ def run_e2e(
         raise AssertionError("the two arms must share one prompt")
     k = fact_chunk(sessions["da"].chunks)
     n_chunks = len(sessions["da"].chunks)
-    focus = (k, k + 1) if k < n_chunks else (k - 1, k)
+    focus = (1,) if n_chunks == 1 else (k, k + 1) if k < n_chunks else (k - 1, k)
     transcript = forced_transcript(tokenizer, focus, cfg.output_tokens)
     tokens = tokenizer.encode(transcript, add_special_tokens=False)
     total = len(prompt) + len(tokens)
@@ -173,15 +175,16 @@ def run_e2e(
         eng.prefill_synthetic(seq, generator=torch.Generator().manual_seed(cfg.seed))
         while seq in eng.waiting:
             eng.step()
-        arms.append(_Arm(arm_name, eng, sess, seq, []))
+        arms.append(_Arm(arm_name, eng, sess, seq, [], []))
     i = 0
     while any(a.seq.finish_reason is None for a in arms):
         order = arms if i % 2 == 0 else arms[::-1]
         for a in order:
             if a.seq.finish_reason is None:
-                t0 = time.perf_counter()
+                c0, t0 = time.process_time(), time.perf_counter()
                 a.engine.step()
                 a.times.append(time.perf_counter() - t0)
+                a.cpu.append(time.process_time() - c0)
         i += 1
     da, van = arms
     if da.seq.output_ids != van.seq.output_ids or da.seq.output_ids != tokens:
@@ -199,6 +202,8 @@ def run_e2e(
             "share": len(idxs) / steps,
             "da_median_seconds": statistics.median(da.times[j] for j in idxs),
             "vanilla_median_seconds": statistics.median(van.times[j] for j in idxs),
+            "da_median_cpu_seconds": statistics.median(da.cpu[j] for j in idxs),
+            "vanilla_median_cpu_seconds": statistics.median(van.cpu[j] for j in idxs),
             "da_kv_bytes": sum(kv["da"][j] for j in idxs),
             "vanilla_kv_bytes": sum(kv["vanilla"][j] for j in idxs),
         }
@@ -227,6 +232,9 @@ def run_e2e(
         "measured_ratio_median_step": statistics.median(
             d / v for d, v in zip(da.times, van.times, strict=True)
         ),
+        "da_decode_cpu_seconds": sum(da.cpu),
+        "vanilla_decode_cpu_seconds": sum(van.cpu),
+        "measured_cpu_ratio": sum(da.cpu) / sum(van.cpu),
         "predicted_ratio_roofline": predicted,
         "da_bytes": steps * w + sum(kv["da"]),
         "vanilla_bytes": steps * w + sum(kv["vanilla"]),

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from declattn.bench.segment import sample_text
+from declattn.protocol.modes import Mode
+from declattn.protocol.tags import TagReader
 
 FACT = "The keeper's logbook says that the vault code of the north tower is 4721."
 QUESTION = "What is the vault code of the north tower, according to the document?"
@@ -74,34 +76,57 @@ class Mix:
         return 1.0 - self.global_ - self.focus - self.local
 
 
-def _fill(tokenizer: Any, lead: str, n_tokens: int, salt: int) -> str:
-    """``lead`` plus filler sentences until the text has about ``n_tokens`` tokens."""
-    text = lead
-    i = salt
+def _section(tokenizer: Any, lead: str, n_tokens: int, salt: int) -> str:
+    """``lead`` then filler, cut to about ``n_tokens`` tokens (never less than the lead)."""
+    text, i = lead, salt
     while _count(tokenizer, text) < n_tokens:
         text += _FILLER[i % len(_FILLER)]
         i += 1
-    return text.rstrip()
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    keep = max(n_tokens, _count(tokenizer, lead))
+    return tokenizer.decode(ids[:keep]).strip()
 
 
-def forced_transcript(
-    tokenizer: Any, focus: Sequence[int], n_tokens: int, mix: Mix | None = None
-) -> str:
-    """A complete DA response of about ``n_tokens`` tokens focusing on ``focus``."""
-    if not focus:
-        raise ValueError("focus needs at least one chunk id")
-    m = mix or Mix()
-    ids = ",".join(str(i) for i in focus)
-    g = _fill(tokenizer, "I must find the vault code. ", round(m.global_ * n_tokens) - 4, 0)
-    f = _fill(tokenizer, "Reading the chunk closely. ", round(m.focus * n_tokens) - 9, 2)
-    loc = _fill(tokenizer, "Checking the reasoning. ", round(m.local * n_tokens) - 4, 4)
-    a = _fill(tokenizer, ANSWER + " ", round(m.answer * n_tokens) - 4, 3)
+def token_modes(tokenizer: Any, text: str, n_chunks: int) -> list[Mode]:
+    """The mode each token of ``text`` is generated in, as a DA session sees it: the
+    mode after every earlier token (the first is global)."""
+    reader = TagReader(n_chunks)
+    modes = []
+    for tok in tokenizer.encode(text, add_special_tokens=False):
+        modes.append(reader.mode)
+        reader.feed(tokenizer.decode([tok]))
+    return modes
+
+
+def _render(ids: str, g: str, f: str, loc: str, a: str) -> str:
     return (
         f"<global>{g}</global>\n"
         f'<focus magic_chunks="{ids}">{f}</focus>\n'
         f"<local>{loc}</local>\n"
         f"<answer>{a}</answer>"
     )
+
+
+def forced_transcript(
+    tokenizer: Any, focus: Sequence[int], n_tokens: int, mix: Mix | None = None
+) -> str:
+    """A complete DA response of about ``n_tokens`` tokens focusing on ``focus``.
+
+    Focus, local and answer sections get their share of ``n_tokens``; the global
+    section gets what its share leaves after the tags, which are written in global
+    (a tag changes the mode only once it is complete).
+    """
+    if not focus:
+        raise ValueError("focus needs at least one chunk id")
+    m = mix or Mix()
+    ids = ",".join(str(i) for i in focus)
+    f = _section(tokenizer, "Reading the chunk closely. ", round(m.focus * n_tokens), 2)
+    loc = _section(tokenizer, "Checking the reasoning. ", round(m.local * n_tokens), 4)
+    a = _section(tokenizer, ANSWER + " ", round(m.answer * n_tokens), 3)
+    bare = token_modes(tokenizer, _render(ids, "", f, loc, a), max(focus))
+    spare = round(m.global_ * n_tokens) - bare.count(Mode.GLOBAL)
+    g = _section(tokenizer, "", spare, 0) if spare > 0 else ""
+    return _render(ids, g, f, loc, a)
 
 
 def fact_chunk(chunks: Sequence[Any]) -> int:

@@ -9,16 +9,29 @@ from collections.abc import Sequence
 from declattn.cli import (
     bench_cmd,
     demo_cmd,
+    eval_cmd,
     models_cmd,
     prompt_cmd,
     replay_cmd,
+    roofline_cmd,
     run_cmd,
     serve_cmd,
     show_cmd,
 )
 from declattn.cli.common import UserError
 
-_COMMANDS = (prompt_cmd, replay_cmd, run_cmd, bench_cmd, demo_cmd, show_cmd, models_cmd, serve_cmd)
+_COMMANDS = (
+    prompt_cmd,
+    replay_cmd,
+    run_cmd,
+    bench_cmd,
+    demo_cmd,
+    show_cmd,
+    models_cmd,
+    serve_cmd,
+    eval_cmd,
+    roofline_cmd,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,7 +14,8 @@ mode reads the whole prompt while it is being filled in.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,13 +23,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from declattn.engine.kv import KVCache
+from declattn.engine.kv import KVCache, inverse_table
 
 # Runs up to this many rows are scored with one batched matmul over heads (fewer calls);
 # longer runs go head by head, which reads strided pools at full speed on CPU.
 _BATCHED_RUN_ROWS = 512
-# Runs up to this many rows are gathered together rather than sliced one by one.
+# Runs up to this many rows are gathered together rather than sliced one by one...
 _GATHER_RUN_ROWS = 128
+# ...when there are at least this many of them (a few runs cost less as slices).
+_GATHER_MIN_RUNS = 8
+# On CPU, runs up to this many rows go through the fused flash kernel, one call per run
+# whatever the head count; longer runs read faster through BLAS, head by head.
+_FLASH_RUN_ROWS = 1024
 # Prefill splits query rows so one boolean mask stays under this many elements.
 _PREFILL_MASK_ELEMS = 1 << 25
 
@@ -42,12 +48,19 @@ class SeqStep:
     (``position // block_size``) that global layers may read on a decode row
     (``n_new == 1``); ``None`` reads everything. Prefill rows ignore the view: every
     mode attends fully during prefill.
+
+    ``select``, when given, replaces ``view`` on each global layer of a decode row: it is
+    called with the layer index and the row's query ``[H, D]`` (rotated, unscaled) once
+    that layer's new key is stored, and returns the blocks that layer reads. It is the
+    hook for query-aware selection (Quest-style baselines), which cannot know its blocks
+    before the query exists.
     """
 
     seq_id: int
     start: int
     n_new: int
     view: Sequence[int] | None = None
+    select: Callable[[int, Tensor], Sequence[int]] | None = None
 
     @property
     def length(self) -> int:
@@ -185,32 +198,42 @@ class RunPlan:
         block_size: int,
         table: Sequence[int] | None = None,
         device: str = "cpu",
+        inverse: np.ndarray | None = None,
     ) -> RunPlan:
         """Plan the reads of pool ``rows``; ``table`` (physical id of each logical
-        block) lets the plan name the logical blocks its reads cover."""
+        block), or its ``inverse`` (logical index of each physical block, -1 for none),
+        lets the plan name the logical blocks its reads cover."""
         bs = block_size
         r = np.asarray(rows, dtype=np.int64).reshape(-1, 2)
         whole = (r[:, 0] % bs == 0) & (r[:, 1] % bs == 0)
         short = whole & (r[:, 1] - r[:, 0] <= _GATHER_RUN_ROWS)
-        if short.sum() < 2:
+        if short.sum() < _GATHER_MIN_RUNS:
             short[:] = False
         slices = tuple((int(x), int(y)) for x, y in r[~short])
         gathered = _expand(r[short, 0] // bs, r[short, 1] // bs)
         gather = torch.from_numpy(gathered).to(device) if gathered.size else None
         blocks: tuple[int, ...] = ()
-        if table is not None:
+        if inverse is None and table is not None:
+            inverse = inverse_table(np.asarray(table, dtype=np.int64))
+        if inverse is not None:
             # Derived from what is read: the sliced rows' blocks plus the gathered ones.
-            tab = np.asarray(table, dtype=np.int64)
-            logical = np.full(int(tab.max()) + 1, -1, dtype=np.int64)
-            logical[tab] = np.arange(tab.size)
             sl = r[~short]
             read = np.concatenate([_expand(sl[:, 0] // bs, (sl[:, 1] - 1) // bs + 1), gathered])
-            blocks = tuple(np.unique(logical[read]).tolist())
+            ids = inverse[read]
+            if ids.size > 1 and not bool((ids[1:] > ids[:-1]).all()):
+                ids = np.unique(ids)
+            blocks = tuple(ids.tolist())
         return cls(bs, slices, gather, blocks, int((r[:, 1] - r[:, 0]).sum()))
 
 
 def _plan_runs(
-    table: Sequence[int], keep: Sequence[int], lo: int, hi: int, bs: int, device: str
+    table: Sequence[int],
+    keep: Sequence[int],
+    lo: int,
+    hi: int,
+    bs: int,
+    device: str,
+    inverse: np.ndarray | None = None,
 ) -> RunPlan:
     """Group kept logical blocks into maximal runs of consecutive physical rows.
 
@@ -227,8 +250,9 @@ def _plan_runs(
     phys, a, b = tab[lb[valid]], a[valid], b[valid]
     if phys.size == 0:
         return RunPlan(bs, (), None, (), 0)
-    order = np.argsort(phys, kind="stable")
-    phys, a, b = phys[order], a[order], b[order]
+    if phys.size > 1 and not bool((phys[1:] > phys[:-1]).all()):
+        order = np.argsort(phys, kind="stable")
+        phys, a, b = phys[order], a[order], b[order]
     # A block continues the previous run only if it is the next physical block, the
     # previous one was read to its end, and this one is read from its start.
     cont = np.zeros(phys.size, dtype=bool)
@@ -236,7 +260,7 @@ def _plan_runs(
     starts = np.flatnonzero(~cont)
     ends = np.append(starts[1:], phys.size) - 1
     rows = np.stack([phys[starts] * bs + a[starts], phys[ends] * bs + b[ends]], axis=1)
-    return RunPlan.from_rows(rows, bs, table, device)
+    return RunPlan.from_rows(rows, bs, table, device, inverse)
 
 
 def _scores_into(qg: Tensor, kr: Tensor, out: Tensor) -> None:
@@ -277,14 +301,45 @@ def _gather_blocks(pool: Tensor, plan: RunPlan) -> Tensor:
     return out.view(n_kv, n * plan.block_size, dim)
 
 
+def _blas_runs(qg: Tensor, parts: list[tuple[Tensor, Tensor]], with_lse: bool):
+    """Runs scored through BLAS: one score buffer in the pool dtype (no fp32 copy of K
+    or V is made), one softmax over it (a log-sum-exp merge of per-run partials would
+    give the same, in more passes), each run's values weighted from its own slice.
+
+    Returns the fp32 output ``[Hkv, G, D]`` and, if asked, the scores' log-sum-exp
+    ``[Hkv, G]`` for merging with other partials."""
+    n_kv, group, _ = qg.shape
+    n = sum(kr.shape[1] for kr, _ in parts)
+    s = torch.empty(n_kv, group, n, dtype=qg.dtype, device=qg.device)
+    off = 0
+    for kr, _ in parts:
+        _scores_into(qg, kr, s[:, :, off : off + kr.shape[1]])
+        off += kr.shape[1]
+    lse = None
+    if with_lse:
+        s32 = s.float()
+        lse = torch.logsumexp(s32, dim=-1)
+        p = s32.sub_(lse[..., None]).exp_().to(qg.dtype)
+    else:
+        p = torch.softmax(s, dim=-1)
+    out: Tensor | None = None
+    off = 0
+    for _, vr in parts:
+        o = _weighted_values(p[:, :, off : off + vr.shape[1]], vr)
+        out = o.float() if out is None else out.add_(o)
+        off += vr.shape[1]
+    assert out is not None
+    return out, lse
+
+
 def decode_attention(kp: Tensor, vp: Tensor, q: Tensor, plan: RunPlan, scale: float) -> Tensor:
     """Attention of one query row ``q [H, D]`` over the rows of ``plan`` -> fp32 ``[H, D]``.
 
-    Scores of every run land in one small score buffer in the pool dtype (no fp32 copy
-    of K or V is ever made); a single softmax over that buffer (computed in fp32
-    internally) normalises across runs exactly, which is what a log-sum-exp merge of
-    per-run partials would give, in fewer passes. Each run's values are then weighted
-    from its own zero-copy slice and the partial outputs summed in fp32.
+    Every run is read in place (a zero-copy slice of the pool), so the bytes touched
+    are the kept blocks' bytes. On CPU a short run is one call of the fused flash
+    kernel with each KV head's query group folded into its rows (per-call overhead is
+    what a short run costs); long runs go through BLAS head by head. Partials are
+    merged exactly by their log-sum-exp.
     """
     n_heads, dim = q.shape
     n_kv = kp.shape[0]
@@ -295,19 +350,30 @@ def decode_attention(kp: Tensor, vp: Tensor, q: Tensor, plan: RunPlan, scale: fl
     parts = [(kp[:, r0:r1], vp[:, r0:r1]) for r0, r1 in plan.slices]
     if plan.gather is not None:
         parts.append((_gather_blocks(kp, plan), _gather_blocks(vp, plan)))
-    s = torch.empty(n_kv, group, plan.n_rows, dtype=kp.dtype, device=kp.device)
-    off = 0
-    for kr, _ in parts:
-        _scores_into(qg, kr, s[:, :, off : off + kr.shape[1]])
-        off += kr.shape[1]
-    p = torch.softmax(s, dim=-1)
-    out: Tensor | None = None
-    off = 0
-    for _, vr in parts:
-        o = _weighted_values(p[:, :, off : off + vr.shape[1]], vr)
-        out = o.float() if out is None else out.add_(o)
-        off += vr.shape[1]
-    assert out is not None, "a decode row always reads its newest block"
+    flash = _flash_with_lse() if kp.device.type == "cpu" else None
+    if flash is None:
+        return _blas_runs(qg, parts, False)[0].reshape(n_heads, dim)
+    long = [pt for pt in parts if pt[0].shape[1] > _FLASH_RUN_ROWS]
+    short = [pt for pt in parts if pt[0].shape[1] <= _FLASH_RUN_ROWS]
+    if not short:
+        return _blas_runs(qg, long, False)[0].reshape(n_heads, dim)
+    outs: list[Tensor] = []
+    lses: list[Tensor] = []
+    if long:
+        o, lse = _blas_runs(qg, long, True)
+        outs.append(o)
+        lses.append(lse)
+    qf = qg.unsqueeze(0)
+    for kr, vr in short:
+        o, lse = flash(qf, kr.unsqueeze(0), vr.unsqueeze(0), scale=1.0)
+        outs.append(o.reshape(n_kv, group, dim))
+        lses.append(lse.reshape(n_kv, group))
+    if len(outs) == 1:
+        return outs[0].float().reshape(n_heads, dim)
+    w = torch.softmax(torch.stack(lses), dim=0)
+    out = outs[0].float().mul_(w[0, ..., None])
+    for o, wi in zip(outs[1:], w[1:], strict=True):
+        out.add_(o.float().mul_(wi[..., None]))
     return out.reshape(n_heads, dim)
 
 
@@ -333,11 +399,13 @@ earlier context is always one causal call, and sliding-window layers always use 
 DEFAULT_PREFILL_STRATEGY = "split"
 
 
-def _flash_with_lse() -> object | None:
+@functools.cache
+def _flash_with_lse() -> Callable[..., tuple[Tensor, Tensor]] | None:
     """The CPU flash-attention op that also returns the log-sum-exp, if torch has it.
 
-    Public SDPA does not return the log-sum-exp that merging two partial attentions
-    needs; this op (what SDPA itself calls on CPU) does."""
+    Public SDPA does not return the log-sum-exp that merging partial attentions needs;
+    this op (what SDPA itself calls on CPU) does. Without it, decode reads every run
+    through BLAS and prefill uses an explicit mask: slower, same results."""
     try:
         return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     except (AttributeError, RuntimeError):
@@ -517,7 +585,9 @@ class PagedAttention:
             plan = _SeqPlan(st, row, table, None)
             if st.is_decode:
                 keep = range(n_blocks) if st.view is None else self._check_view(st, n_blocks)
-                plan.global_runs = _plan_runs(table, keep, 0, st.length, bs, self._device)
+                plan.global_runs = _plan_runs(
+                    table, keep, 0, st.length, bs, self._device, cache.block_inverse(st.seq_id)
+                )
                 new_slots.append(cache.slots(st.seq_id, st.start, st.length))
             elif _consecutive(table):
                 first = int(table[0]) * bs
@@ -548,6 +618,14 @@ class PagedAttention:
             )
         return keep
 
+    def _selected_runs(self, plan: _SeqPlan, layer: int, q: Tensor) -> RunPlan:
+        """The runs of the blocks ``plan.step.select`` picks for this layer and query."""
+        st = plan.step
+        assert st.select is not None
+        chosen = SeqStep(st.seq_id, st.start, st.n_new, st.select(layer, q))
+        keep = self._check_view(chosen, len(plan.table))
+        return _plan_runs(plan.table, keep, 0, st.length, self.cache.block_size, self._device)
+
     def _window_runs(self, plan: _SeqPlan, window: int) -> RunPlan:
         runs = plan.window_runs.get(window)
         if runs is None:
@@ -555,7 +633,8 @@ class PagedAttention:
             lo = max(0, st.length - window)
             bs = self.cache.block_size
             keep = range(lo // bs, -(-st.length // bs))
-            runs = _plan_runs(plan.table, keep, lo, st.length, bs, self._device)
+            inverse = self.cache.block_inverse(st.seq_id)
+            runs = _plan_runs(plan.table, keep, lo, st.length, bs, self._device, inverse)
             plan.window_runs[window] = runs
         return runs
 
@@ -586,7 +665,12 @@ class PagedAttention:
                     plan, kp, vp, q[r : r + st.n_new], scale, window
                 )
                 continue
-            runs = plan.global_runs if window is None else self._window_runs(plan, window)
+            if window is not None:
+                runs = self._window_runs(plan, window)
+            elif st.select is not None:
+                runs = self._selected_runs(plan, layer, q[r])
+            else:
+                runs = plan.global_runs
             assert runs is not None
             out[r] = decode_attention(kp, vp, q[r], runs, scale).to(q.dtype)
             if self.counter is not None:

@@ -17,6 +17,13 @@ import torch
 from torch import Tensor
 
 
+def inverse_table(table: np.ndarray) -> np.ndarray:
+    """Logical index of each physical block id up to the table's largest (-1: not in it)."""
+    inverse = np.full(int(table.max()) + 1 if table.size else 0, -1, dtype=np.int64)
+    inverse[table] = np.arange(table.size)
+    return inverse
+
+
 class PoolExhausted(RuntimeError):
     """The pool has fewer free blocks than a request needs; nothing was changed."""
 
@@ -79,6 +86,7 @@ class KVCache:
         self._n_free = config.num_blocks
         self._tables: dict[int, list[int]] = {}
         self._arrays: dict[int, np.ndarray] = {}
+        self._inverses: dict[int, np.ndarray] = {}
 
     # -- queries -------------------------------------------------------------------
     @property
@@ -115,6 +123,17 @@ class KVCache:
             arr.flags.writeable = False
             self._arrays[seq_id] = arr
         return arr
+
+    def block_inverse(self, seq_id: int) -> np.ndarray:
+        """Logical index of each physical block of the sequence (-1 for blocks not in
+        it), indexed by physical id up to the sequence's largest; cached like
+        ``block_array``. Lets a plan name the logical blocks its pool reads cover."""
+        inv = self._inverses.get(seq_id)
+        if inv is None:
+            inv = inverse_table(self.block_array(seq_id))
+            inv.flags.writeable = False
+            self._inverses[seq_id] = inv
+        return inv
 
     def capacity(self, seq_id: int) -> int:
         """Token positions the sequence's blocks can hold."""
@@ -155,6 +174,7 @@ class KVCache:
         self._n_free -= len(chosen)
         self._tables[seq_id] = table + chosen
         self._arrays.pop(seq_id, None)
+        self._inverses.pop(seq_id, None)
         return tuple(chosen)
 
     def _choose(self, successor: int | None, n: int) -> list[int]:
@@ -191,6 +211,7 @@ class KVCache:
         """Return a sequence's blocks to the pool; returns how many were freed."""
         table = self._tables.pop(seq_id, [])
         self._arrays.pop(seq_id, None)
+        self._inverses.pop(seq_id, None)
         self._is_free[table] = True
         self._n_free += len(table)
         return len(table)

@@ -32,7 +32,8 @@ def load_average() -> float | None:
 
 
 def suggest_threads(cores: int | None = None, load: float | None = None) -> int:
-    """Threads for torch's intra-op pool: the cores that other processes leave idle.
+    """Threads for torch's intra-op pool: the cores that other processes leave idle,
+    i.e. the cores less the load average rounded to a whole number, and at least one.
 
     ``load`` is the load average seen before this process starts working (its own
     threads are not in it yet); ``None`` reads the OS's. Unknown load means all cores.
@@ -41,7 +42,7 @@ def suggest_threads(cores: int | None = None, load: float | None = None) -> int:
     seen = load_average() if load is None else load
     if seen is None:
         return n
-    return max(1, min(n, round(n - seen + 0.5)))
+    return max(1, min(n, n - round(seen)))
 
 
 def use_threads(n: int | None = None) -> int:

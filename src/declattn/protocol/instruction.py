@@ -1,31 +1,65 @@
 """The text that teaches a model the Declarative Attention protocol.
 
-It sits at the end of the final user turn, after the question, so it falls inside the
-question window: every mode can read it, and the model sees the rules again right
-before it starts to write. The wording names the same tags that ``tags.py`` reads and
-the same attention rules that ``scope.py`` applies; change all three together.
+It belongs in the final user turn, so it falls inside the question window: every mode can
+read it. The wording names the same tags that ``tags.py`` reads and the same attention
+rules that ``scope.py`` applies; change all three together.
+
+Why a demonstration, and why it comes first: small models (Qwen2.5-Coder-0.5B was the
+one measured) ignore rules stated in prose and copy the last example they read. A worked
+example placed last was copied verbatim, answer included; bracketed placeholders were
+echoed as text. So the instruction opens with a complete miniature case, visibly about
+another document (its chunks, its question, then the reply), states the rules after it,
+and leaves the real question for last: ``final_turn`` puts the question after the
+instruction, the way the demonstration puts its question before its reply. Read after the
+question instead, the same text made that model stop at once or answer without tags.
 """
 
 from __future__ import annotations
 
-DA_INSTRUCTION = """\
-How to answer: Declarative Attention.
-Split your reply into blocks. Open each block with a tag on a line of its own that \
-declares what the block may read:
-- <global> ... </global> reads everything: every magic chunk, the question and your \
-reply so far. Use it to survey the document and decide where the needed facts are.
-- <focus magic_chunks="K"> ... </focus> reads only the magic chunks named in K, plus the \
-question and your reply so far. K is one to three chunk ids separated by commas, for \
-example <focus magic_chunks="3"> or <focus magic_chunks="3,7">. Inside a focus block, \
-copy the fact you found there, short: 1 to 12 words.
-- <local> ... </local> reads only the question and your reply so far, no chunk at all. \
-Reason here from what your focus blocks copied; do not recall anything else from the \
-chunks.
-Write at least one focus block. Finish with the final answer as <answer>...</answer>; \
-your reply ends right after </answer>.
+_DEMONSTRATION = """\
+Example (a made-up document, unrelated to yours):
+Magic Chunk 1: "The bakery on Mill Lane sells rye bread."
+Magic Chunk 2: "Our choir meets on Tuesdays."
+Magic Chunk 3: "The last train to Leeds leaves at 11:40 pm."
+Magic Chunk 4: "Parking is free after six."
+Question: When does the last train to Leeds leave?
+Reply:
+<global>Chunk 3 says the last train to Leeds leaves at 11:40 pm.</global>
+<focus magic_chunks="3">the last train to Leeds leaves at 11:40 pm</focus>
+<local>The copied words give the time.</local>
+<answer>11:40 pm</answer>"""
 
-Example:
-<global>The founding year should be in the company history; chunk 4 covers it.</global>
-<focus magic_chunks="4">the firm was founded in 1987</focus>
-<local>The question asks how old the firm was in 2000: 2000 - 1987 = 13.</local>
-<answer>13 years</answer>"""
+_RULES = """\
+Reply in tagged blocks, each tag on a line of its own. A tag says what its block can see:
+- <global> ... </global> sees everything: every magic chunk, the question and your reply \
+so far. Use it to say which chunk holds what the question needs.
+- <focus magic_chunks="N"> ... </focus> sees only the chunks named in N (one to three \
+chunk numbers separated by commas, such as "2" or "2,5"), plus the question and your \
+reply so far. Inside it, copy the fact you found there, short: 1 to 12 words.
+- <local> ... </local> sees only the question and your reply so far, no chunk at all. \
+Reason here from what you copied; do not recall anything else from the chunks.
+Write at least one focus block. End with the final answer as <answer>...</answer>; your \
+reply ends right after </answer>."""
+
+DA_INSTRUCTION = f"""\
+How to answer: Declarative Attention.
+{_DEMONSTRATION}
+
+The rules:
+{_RULES}
+
+Now reply the same way, using your own document."""
+
+QUESTION_LABEL = "Question:"
+"""Introduces the real question after the instruction, as in the demonstration."""
+
+
+def final_turn(question: str) -> str:
+    """The content of the final user turn: the instruction, then the question, last.
+
+    The question goes last so that it is what the model reads right before it writes,
+    as the demonstration shows; both stay in the final user turn, inside the question
+    window. ``question`` may be a placeholder the caller substitutes later: it appears
+    exactly once, verbatim, at the very end.
+    """
+    return f"{DA_INSTRUCTION}\n{QUESTION_LABEL}\n\n{question}"

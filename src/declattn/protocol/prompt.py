@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from declattn.protocol.instruction import DA_INSTRUCTION
+from declattn.protocol.instruction import final_turn
 from declattn.protocol.layout import Layout, Span
 
 SYSTEM_LINE = "You are a careful assistant."
@@ -191,7 +191,7 @@ def _conversation(
     """Messages, tools, and the opening user text (used to find the first tool call)."""
     n = len(chunk_keys)
     system = {"role": "system", "content": SYSTEM_LINE}
-    final = {"role": "user", "content": f"{question_key}\n\n{DA_INSTRUCTION}"}
+    final = {"role": "user", "content": final_turn(question_key)}
     if style == "tools":
         opener = (
             f"Read the document first. It comes as {_chunks_phrase(n)}; "
@@ -337,14 +337,22 @@ def _final_turn_offset(
     full: str,
     question_key: str,
 ) -> int | None:
-    """Character offset in ``full`` where the final user turn begins, or None if unknown."""
+    """Character offset in ``full`` where the final user turn begins.
+
+    Where rendering without that turn is not a prefix of the full render, fall back to
+    the start of the turn's content (the instruction, which precedes the question), so
+    the question window always holds the instruction; None only if neither is found.
+    """
+    q_at = full.index(question_key)
     try:
         head = _render(tokenizer, messages[:-1], tools, generation=False)
     except Exception:  # e.g. a template that refuses to end on a tool turn
-        return None
-    if full.startswith(head) and len(head) <= full.index(question_key):
+        head = None
+    if head is not None and full.startswith(head) and len(head) <= q_at:
         return len(head)
-    return None
+    content = final_turn(question_key)
+    at = full.rfind(content[: -len(question_key)], 0, q_at + 1)
+    return at if at >= 0 else None
 
 
 # --- tokenisation -------------------------------------------------------------------

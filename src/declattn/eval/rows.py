@@ -1,0 +1,151 @@
+"""One JSONL row per response: everything the metrics, the table, the plots and the
+roofline projection are computed from, so none of them needs the run again.
+
+Steps are stored as lists under ``STEP_FIELDS`` (a 200-step response is a few KB). The
+context itself is not stored: task, length and seed regenerate it, and its sha256 is
+kept to prove a regeneration matches.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from declattn.eval.arms import ArmRun
+from declattn.eval.sample import Sample, evidence_chunks
+from declattn.protocol.segment import segment
+from declattn.session import DASession, token_counter
+
+ROW_VERSION = 1
+STEP_FIELDS = (
+    "mode",
+    "focus_ids",
+    "length",
+    "logical",
+    "physical",
+    "vanilla_logical",
+    "vanilla_physical",
+    "blocks_read",
+    "global_bytes",
+    "sliding_bytes",
+    "seconds",
+)
+
+
+def row_key(model: str, task: str, length: int, sample: int, arm: str) -> str:
+    return f"{model}|{task}|{length}|{sample}|{arm}"
+
+
+def sample_chunks(run: ArmRun, sample: Sample, tokenizer: Any, target: int, cap: int) -> list:
+    """The magic chunks of the sample's context: the DA session's own, or the same cut
+    made again for arms that do not segment (so every arm records the answer's chunks)."""
+    if isinstance(run.session, DASession):
+        return run.session.chunks
+    return segment(sample.context, token_counter(tokenizer), target, cap)
+
+
+def build_row(
+    run: ArmRun,
+    sample: Sample,
+    *,
+    model: str,
+    index: int,
+    chunks: list,
+    machine: dict[str, Any],
+) -> dict[str, Any]:
+    sess, seq = run.session, run.seq
+    reads = {r.index: r for r in seq.reads}
+    steps = []
+    for rec in sess.steps:
+        read = reads.get(rec.index)
+        steps.append(
+            [
+                str(rec.mode),
+                list(rec.focus_ids),
+                rec.length,
+                rec.logical,
+                rec.physical,
+                rec.vanilla_logical,
+                rec.vanilla_physical,
+                len(read.blocks) if read else None,
+                read.global_bytes if read else None,
+                read.sliding_bytes if read else None,
+                read.seconds if read else None,
+            ]
+        )
+    is_da = isinstance(sess, DASession)
+    answer = sess.answer
+    row: dict[str, Any] = {
+        "version": ROW_VERSION,
+        "key": row_key(model, sample.task, sample.length, index, run.arm),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "model": model,
+        "arm": run.arm,
+        "task": sample.task,
+        "family": sample.family,
+        "length": sample.length,
+        "sample": index,
+        "seed": sample.seed,
+        "header": sample.header(),
+        "prompt_tokens": len(seq.prompt_ids),
+        "block_size": sess.block_size,
+        "max_tokens": seq.params.max_tokens,
+        "chunks": [[c.id, c.start, c.end, c.tokens] for c in chunks],
+        "evidence_chunks": [list(ids) for ids in evidence_chunks(sample, chunks)],
+        "budget_blocks": run.budget,
+        "output": {
+            "text": sess.text,
+            "answer": answer if is_da else (answer or ""),
+            "finish_reason": seq.finish_reason,
+            "output_tokens": len(seq.output_ids),
+        },
+        "declarations": [d.to_dict() for d in sess.declarations] if is_da else [],
+        "declines": [d.to_dict() for d in sess.declines] if is_da else [],
+        "step_fields": list(STEP_FIELDS),
+        "steps": steps,
+        "totals": sess.accounting.totals(),
+        "by_mode": {str(m): v for m, v in sess.accounting.by_mode().items()},
+        "timing": {
+            "shared_prefill_seconds": run.prefill_seconds,
+            "last_token_prefill_seconds": seq.prefill_seconds,
+            "decode_seconds": seq.decode_seconds,
+            "wall_seconds": run.wall_seconds,
+        },
+        "machine": machine,
+    }
+    if is_da:
+        row["layout"] = sess.layout.to_dict()
+        row["prompt_style"] = sess.prompt.style
+        guard = getattr(sess, "runaway", None)
+        row["runaway"] = guard.to_dict() if guard is not None and guard.reason else None
+    meta = getattr(sess, "meta_bytes", None)
+    if meta is not None:
+        row["quest_meta_bytes"] = meta
+    return row
+
+
+def error_row(
+    model: str, sample: Sample, index: int, arm: str, error: str, machine: dict[str, Any]
+) -> dict[str, Any]:
+    """A response that could not run (e.g. the prompt is longer than the model allows)."""
+    return {
+        "version": ROW_VERSION,
+        "key": row_key(model, sample.task, sample.length, index, arm),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "model": model,
+        "arm": arm,
+        "task": sample.task,
+        "family": sample.family,
+        "length": sample.length,
+        "sample": index,
+        "seed": sample.seed,
+        "header": sample.header(),
+        "error": error,
+        "machine": machine,
+    }
+
+
+def steps_of(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """A row's steps as dicts."""
+    fields = row.get("step_fields", STEP_FIELDS)
+    return [dict(zip(fields, s, strict=True)) for s in row.get("steps", [])]

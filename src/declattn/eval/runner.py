@@ -1,0 +1,164 @@
+"""The evaluation loop: samples x arms, one JSONL row per response, resumable.
+
+Rows are appended and flushed one by one, so an interrupted run loses at most the
+response in flight; a rerun with the same output file skips every key already present
+(a half-written last line is cut off first). The sparse arms of a sample read their
+budget from that sample's ``da`` row, whether it was written in this run or before.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from declattn.eval.arms import ArmRunner, ArmSettings, PromptTooLong, budget_from_da
+from declattn.eval.judge import Judge
+from declattn.eval.rows import build_row, error_row, row_key, sample_chunks
+from declattn.eval.tasks import TaskData, generate
+
+
+@dataclass(frozen=True)
+class EvalSpec:
+    model: str
+    tasks: Sequence[str]
+    lengths: Sequence[int]
+    arms: Sequence[str]
+    samples: int
+    seed: int = 0
+    settings: ArmSettings = field(default_factory=ArmSettings)
+
+    def units(self) -> Iterator[tuple[str, int, int]]:
+        """``(task, length, sample index)`` in run order: lengths, then tasks, then samples."""
+        for length in self.lengths:
+            for task in self.tasks:
+                for i in range(self.samples):
+                    yield task, length, i
+
+    @property
+    def total(self) -> int:
+        return len(self.tasks) * len(self.lengths) * self.samples * len(self.arms)
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a results file; a partial last line (an interrupted write) is dropped
+    from the file, so appending continues on a clean line."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        data = data[: data.rfind(b"\n") + 1]
+        path.write_bytes(data)
+    rows = []
+    for line in data.decode("utf-8").splitlines():
+        if line.strip():
+            rows.append(json.loads(line))
+    return rows
+
+
+def run_eval(
+    engine: Any,
+    spec: EvalSpec,
+    out: Path,
+    *,
+    machine: dict[str, Any],
+    judge: Judge | None = None,
+    on_row: Callable[[dict[str, Any], bool], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Run what ``out`` lacks of ``spec`` and return all of ``spec``'s rows.
+
+    ``on_row(row, resumed)`` is called for every row (``resumed``: it came from the file);
+    ``on_status(text)`` says what is being done (generating, prefilling, an arm).
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = {r["key"]: r for r in read_rows(out)}
+    data = TaskData.for_tokenizer(engine.tokenizer)
+    runner = ArmRunner(engine, spec.settings)
+    rows: list[dict[str, Any]] = []
+    status = on_status or (lambda _text: None)
+    with out.open("a", encoding="utf-8") as f:
+        for task, length, index in spec.units():
+            keys = {a: row_key(spec.model, task, length, index, a) for a in spec.arms}
+            if all(k in done for k in keys.values()):
+                for arm in spec.arms:
+                    rows.append(done[keys[arm]])
+                    if on_row:
+                        on_row(done[keys[arm]], True)
+                continue
+            status(f"{task} {length} #{index}: generating")
+            sample = generate(task, data, length, spec.seed + index)
+            chunks: list | None = None
+            for arm in spec.arms:
+                key = keys[arm]
+                if key in done:
+                    row = done[key]
+                    _check_same_sample(row, sample)
+                    rows.append(row)
+                    if on_row:
+                        on_row(row, True)
+                    continue
+                status(f"{task} {length} #{index}: {arm}")
+                row = _run_one(engine, runner, spec, sample, index, arm, done, chunks, machine)
+                if "chunks" in row and chunks is None:
+                    chunks = _chunks_of(row, sample)
+                if judge is not None and "error" not in row:
+                    row["judge"] = judge(sample.question, sample.answers, row["output"]["answer"])
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                f.flush()
+                done[key] = row
+                rows.append(row)
+                if on_row:
+                    on_row(row, False)
+            runner.forget()
+    return rows
+
+
+def _run_one(
+    engine: Any,
+    runner: ArmRunner,
+    spec: EvalSpec,
+    sample: Any,
+    index: int,
+    arm: str,
+    done: dict[str, dict[str, Any]],
+    chunks: list | None,
+    machine: dict[str, Any],
+) -> dict[str, Any]:
+    budget = None
+    mean = None
+    if arm in ("streaming", "quest"):
+        da = done.get(row_key(spec.model, sample.task, sample.length, index, "da"))
+        if da is None or "error" in da:
+            why = "the da arm failed" if da else "no da row"
+            return error_row(spec.model, sample, index, arm, f"no budget: {why}", machine)
+        budget, mean = budget_from_da(da, spec.settings.sink)
+    try:
+        run = runner.run(arm, sample.context, sample.question, budget)
+    except PromptTooLong as e:
+        return error_row(spec.model, sample, index, arm, str(e), machine)
+    s = spec.settings
+    if chunks is None:
+        chunks = sample_chunks(run, sample, engine.tokenizer, s.chunk_target, s.chunk_cap)
+    row = build_row(run, sample, model=spec.model, index=index, chunks=chunks, machine=machine)
+    if mean is not None:
+        row["budget_da_mean_blocks"] = mean
+    return row
+
+
+def _chunks_of(row: dict[str, Any], sample: Any) -> list:
+    from declattn.protocol.segment import Chunk
+
+    return [Chunk(i, a, b, sample.context[a:b], t) for i, a, b, t in row["chunks"]]
+
+
+def _check_same_sample(row: dict[str, Any], sample: Any) -> None:
+    """A resumed row must come from the very context regenerated now."""
+    if row["header"]["context_sha256"] != sample.context_sha256:
+        raise RuntimeError(
+            f"{row['key']}: the regenerated context differs from the one in the results "
+            "file (another tokenizer or another version of the task generators?); "
+            "use a new output directory"
+        )
