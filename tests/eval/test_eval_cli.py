@@ -57,7 +57,7 @@ def _lines(path):
     return path.read_text().splitlines()
 
 
-def test_eval_runs_writes_everything_and_resumes(model_dir, tmp_path, capsys):
+def test_eval_runs_writes_everything_and_resumes(model_dir, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
     cmd = ["eval", "--model", str(model_dir), "--out", str(out), *ARGS]
     assert main([*cmd, "--samples", "1"]) == 0
@@ -110,6 +110,18 @@ def test_eval_runs_writes_everything_and_resumes(model_dir, tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert {s["arm"] for s in summary} == {r["arm"] for r in rows}
     assert all(s["n"] == 2 for s in summary)
+
+    # Nothing left to run: the report is rebuilt without loading the model.
+    from declattn.api import Engine
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(Engine, "from_pretrained", refuse)
+    (out / "summary.md").unlink()
+    assert main([*cmd, "--samples", "2"]) == 0
+    assert _lines(results) == grown and (out / "summary.md").exists()
+    monkeypatch.undo()
 
     assert (
         main(

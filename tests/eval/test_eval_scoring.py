@@ -113,6 +113,10 @@ def test_focus_success_global_share_and_declines():
     assert m.logical_by_mode == {"global": 100, "focus": 40}
     two = row_metrics(_row("da", "x", decls, steps, evidence=((3,), (7,))))
     assert two.focus_covered is False  # the second fact's chunk was never focused
+    missing = _row("da", None, decls, steps)
+    missing["output"]["text"] = "no tags, but 4711"
+    m = row_metrics(missing)
+    assert m.accuracy == 0.0 and m.format_failure and m.lenient_accuracy == 1.0
     van = row_metrics(_row("vanilla", "4711", [], [_step("global", 100)]))
     assert van.focus_attempts is None and van.global_share is None
 

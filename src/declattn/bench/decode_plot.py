@@ -89,9 +89,10 @@ def plot_result(result: dict[str, Any], path: Path) -> None:
     if "hf" in result:
         _hf_panel(ax["hf"], result["hf"])
     m = result["machine"]
+    load = m["load_average"]
     fig.suptitle(
-        f"{m['cpu']}, {m['cores']} cores, {m['torch_threads']} threads, torch {m['torch']}, "
-        f"{m['date']}, load {m['load_average']}",
+        f"{m['cpu']}, {m['cores']} cores, {m['torch_threads']} threads\n"
+        f"torch {m['torch']}, {m['date']}, load {'?' if load is None else f'{load:.2f}'}",
         fontsize=8,
     )
     fig.tight_layout()

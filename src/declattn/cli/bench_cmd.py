@@ -38,7 +38,7 @@ def add_parser(sub: Any) -> None:
     dec.add_argument("--threads", type=int, default=None,
                      help="torch threads (default: one per core the load average leaves idle)")
     dec.add_argument("--quick", action="store_true", help="small sizes: a sanity run")
-    dec.add_argument("--out", default="bench-results", help="directory for the JSON and PNG")
+    dec.add_argument("--out", default="out/bench", help="directory for the JSON and PNG")
     dec.set_defaults(func=run_decode)
 
 

@@ -28,9 +28,11 @@ def run(args: argparse.Namespace) -> int:
     from declattn.api import Engine
     from declattn.cli.run_cmd import _report, _run_arm
     from declattn.corpus import planted_document, planted_fact
+    from declattn.engine.threads import use_threads
     from declattn.session import token_counter
     from declattn.show import write_show
 
+    use_threads()  # one thread per idle core: a shared CPU thrashes otherwise
     out = console()
     t0 = time.perf_counter()
     with user_errors():

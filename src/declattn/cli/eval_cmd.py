@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+
 from declattn.cli.common import UserError, add_model_arg, console, user_errors
 
 
@@ -100,11 +102,25 @@ def run(args: argparse.Namespace) -> int:
     with user_errors():
         from declattn.api import Engine
 
-        with con.status(f"loading {args.model}"):
-            engine = Engine.from_pretrained(args.model, dtype=args.dtype)
-        rows = _run_with_progress(engine, spec, out_dir, judge, con)
+        def load() -> Any:
+            with con.status(f"loading {args.model}"):
+                return Engine.from_pretrained(args.model, dtype=args.dtype)
+
+        rows = _run_with_progress(_Lazy(load), spec, out_dir, judge, con)
     _report(rows, out_dir, args, con)
     return 0
+
+
+class _Lazy:
+    """The engine, loaded on first use: a run whose rows are all written reports at once."""
+
+    def __init__(self, load: Any) -> None:
+        self._load, self._engine = load, None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._engine is None:
+            self._engine = self._load()
+        return getattr(self._engine, name)
 
 
 def _judge(args: argparse.Namespace) -> Any:
@@ -177,7 +193,10 @@ def _run_with_progress(engine: Any, spec: Any, out_dir: Path, judge: Any, con: A
 def _report(rows: list, out_dir: Path, args: argparse.Namespace, con: Any) -> None:
     from declattn.eval.report import markdown_table, summary_json, summary_table
 
-    con.print(summary_table(rows, title=f"declattn eval: {args.model}", compact=True))
+    table = summary_table(rows, title=f"declattn eval: {args.model}", compact=True)
+    # Piped output defaults to 80 columns, too few for the table: give it 100.
+    wide = Console(width=max(con.width, 100), highlight=False, file=con.file)
+    wide.print(table)
     (out_dir / "summary.json").write_text(json.dumps(summary_json(rows), indent=1))
     (out_dir / "summary.md").write_text(
         _markdown_header(rows, out_dir, args) + markdown_table(rows) + "\n"

@@ -34,7 +34,9 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from declattn.api import Engine
+    from declattn.engine.threads import use_threads
 
+    use_threads()  # one thread per idle core: a shared CPU thrashes otherwise
     question = require_question(args.question)
     context = read_context(args.context)
     if args.max_tokens < 1:

@@ -317,9 +317,14 @@ def _blas_runs(qg: Tensor, parts: list[tuple[Tensor, Tensor]], with_lse: bool):
         off += kr.shape[1]
     lse = None
     if with_lse:
+        # Softmax and log-sum-exp from one exp pass (logsumexp, then softmax, would
+        # take two, and exp over every kept position is not free on a CPU).
         s32 = s.float()
-        lse = torch.logsumexp(s32, dim=-1)
-        p = s32.sub_(lse[..., None]).exp_().to(qg.dtype)
+        m = s32.amax(dim=-1, keepdim=True)
+        e = s32.sub_(m).exp_()
+        total = e.sum(dim=-1, keepdim=True)
+        lse = (m + total.log()).squeeze(-1)
+        p = e.div_(total).to(qg.dtype)
     else:
         p = torch.softmax(s, dim=-1)
     out: Tensor | None = None

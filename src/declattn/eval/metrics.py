@@ -44,6 +44,7 @@ class RowMetrics:
     runaway: bool
     wall_seconds: float
     decode_seconds: float
+    lenient_accuracy: float = 0.0
 
     @property
     def saving(self) -> float:
@@ -113,7 +114,16 @@ def row_metrics(row: dict[str, Any]) -> RowMetrics:
         runaway=finish.startswith("runaway"),
         wall_seconds=row["timing"]["wall_seconds"],
         decode_seconds=row["timing"]["decode_seconds"],
+        lenient_accuracy=_lenient(row, s.accuracy),
     )
+
+
+def _lenient(row: dict[str, Any], strict: float) -> float:
+    """A diagnostic, never the headline: a DA response without ``<answer>`` scored on its
+    whole text. The gap to the strict accuracy is what the format costs."""
+    if row["output"]["answer"] is not None:
+        return strict
+    return score(row["output"]["text"], row["header"]).accuracy
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -146,6 +156,7 @@ class Summary:
     runaways: float | None
     wall_seconds: float | None
     logical_by_mode: dict[str, float] = field(default_factory=dict)  # mean per response
+    lenient_accuracy: float | None = None  # macro, format failures scored on their text
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -160,8 +171,10 @@ def summarize(rows: Sequence[dict[str, Any]]) -> Summary:
     ok = [r for r in rows if "error" not in r]
     ms = [(r, row_metrics(r)) for r in ok]
     fam: dict[str, list[float]] = defaultdict(list)
+    lenient: dict[str, list[float]] = defaultdict(list)
     for r, m in ms:
         fam[r["family"]].append(m.accuracy)
+        lenient[r["family"]].append(m.lenient_accuracy)
     by_family = {f: fmean(v) for f, v in sorted(fam.items())}
     attempts = sum(m.focus_attempts or 0 for _, m in ms)
     on_answer = sum(m.focus_on_answer or 0 for _, m in ms)
@@ -188,6 +201,7 @@ def summarize(rows: Sequence[dict[str, Any]]) -> Summary:
         runaways=_mean(m.runaway for _, m in ms),
         wall_seconds=_mean(m.wall_seconds for _, m in ms),
         logical_by_mode=_by_mode([m for _, m in ms]),
+        lenient_accuracy=fmean(fmean(v) for v in lenient.values()) if lenient else None,
     )
 
 

@@ -60,7 +60,9 @@ def pareto_plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
                     xytext=(4, 4),
                     fontsize=7,
                 )
-        ax.set_xscale("log")
+        xs = [s.per_step for m, _, _, s in sums if m == model and s.per_step]
+        if xs and max(xs) > 10 * min(xs):  # log only where the reads span decades
+            ax.set_xscale("log")
         ax.set_xlabel("attended tokens per decode step (mean, logical)")
         ax.set_ylabel("accuracy, macro over task families (%)")
         ax.set_ylim(-5, 105)

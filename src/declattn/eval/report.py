@@ -20,6 +20,16 @@ def summaries(rows: Sequence[dict[str, Any]]) -> list[tuple[str, int, str, Summa
     return sorted(out, key=lambda t: (t[0], t[1], rank.get(t[2], 99)))
 
 
+_SHORT_LABELS = {
+    "length": "len",
+    "attended/step": "reads/step",
+    "saving": "saved",
+    "covered": "cov",
+    "fmt fail": "fmt",
+    "wall s": "s",
+}
+
+
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.0f}%"
 
@@ -71,8 +81,11 @@ def summary_table(
         "wall s",
     ]
     cols = short if compact else full
+    labels = _SHORT_LABELS if compact else {}
     for c in cols:
-        t.add_column(c, justify="left" if c in ("model", "arm") else "right")
+        t.add_column(
+            labels.get(c, c), justify="left" if c in ("model", "arm") else "right", no_wrap=True
+        )
     for model, length, arm, s in sums:
         cells = {
             "model": model,
@@ -114,6 +127,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         "arm",
         "n",
         "acc (macro)",
+        "acc if format ignored",
         *families,
         "attended/step",
         "saving",
@@ -131,6 +145,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             arm,
             str(s.n),
             _pct(s.accuracy),
+            _pct(s.lenient_accuracy),
             *[_pct(s.by_family.get(f)) for f in families],
             _num(s.per_step),
             _pct(s.saving),

@@ -75,8 +75,10 @@ def run_eval(
     """
     out.parent.mkdir(parents=True, exist_ok=True)
     done = {r["key"]: r for r in read_rows(out)}
-    data = TaskData.for_tokenizer(engine.tokenizer)
-    runner = ArmRunner(engine, spec.settings)
+    # Built on first need, so a run with nothing left to do never touches the engine
+    # (the CLI then reports without loading the model).
+    data: TaskData | None = None
+    runner: ArmRunner | None = None
     rows: list[dict[str, Any]] = []
     status = on_status or (lambda _text: None)
     with out.open("a", encoding="utf-8") as f:
@@ -89,6 +91,9 @@ def run_eval(
                         on_row(done[keys[arm]], True)
                 continue
             status(f"{task} {length} #{index}: generating")
+            if data is None or runner is None:
+                data = TaskData.for_tokenizer(engine.tokenizer)
+                runner = ArmRunner(engine, spec.settings)
             sample = generate(task, data, length, spec.seed + index)
             chunks: list | None = None
             for arm in spec.arms:

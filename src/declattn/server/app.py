@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -75,6 +76,26 @@ class ServerState:
     metrics: Metrics
     limits: Limits
     started: float = field(default_factory=time.time)
+    tokenizer_lock: threading.Lock = field(default_factory=threading.Lock)
+    """Serialises request preparation. A Hugging Face fast tokenizer keeps
+    ``split_special_tokens`` as state on the shared Rust tokenizer (set by each call
+    that passes it, never restored), so a DA render in one thread can make a plain
+    prompt tokenised at the same moment in another thread lose its special tokens."""
+
+    async def prepare(self, fn: Callable[..., Prepared], body: Any) -> Prepared:
+        """Run ``fn(engine, body, limits)`` in a worker thread, one at a time."""
+
+        def locked() -> Prepared:
+            with self.tokenizer_lock:
+                try:
+                    return fn(self.engine, body, self.limits)
+                except UnicodeError as e:  # JSON can carry lone surrogates; tokenizers refuse
+                    raise APIError(
+                        400, f"the request holds text that is not valid Unicode ({e.reason})",
+                        code="invalid_unicode",
+                    ) from e
+
+        return await run_in_threadpool(locked)
 
     def check_model(self, name: str) -> None:
         if name != self.config.model_id and name not in self.config.aliases:
@@ -174,7 +195,7 @@ def _routes(app: FastAPI, s: ServerState) -> None:
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         """Chat completion; ``declarative_attention`` runs the request with DA."""
         s.check_model(body.model)
-        prepared = await run_in_threadpool(prepare_chat, s.engine, body, s.limits)
+        prepared = await s.prepare(prepare_chat, body)
         include = bool(body.stream_options and body.stream_options.include_usage)
         shape = Shape.new("chat", body.model)
         return await _respond(s, request, prepared, shape, bool(body.stream),
@@ -184,7 +205,7 @@ def _routes(app: FastAPI, s: ServerState) -> None:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         """Text completion of a raw prompt (no chat template, no DA)."""
         s.check_model(body.model)
-        prepared = await run_in_threadpool(prepare_completion, s.engine, body, s.limits)
+        prepared = await s.prepare(prepare_completion, body)
         include = bool(body.stream_options and body.stream_options.include_usage)
         shape = Shape.new("text", body.model)
         return await _respond(s, request, prepared, shape, bool(body.stream), include)

@@ -28,6 +28,7 @@ DEFAULT_TEMPERATURE = 1.0
 """OpenAI's default when a request names none; send ``temperature: 0`` for greedy."""
 DEFAULT_CHUNK_TOKENS = DAOptions().target
 CAP_RATIO = DAOptions().cap / DAOptions().target
+GREEDY_BELOW = 1e-4
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default for ``/v1/completions``."""
 
@@ -61,11 +62,25 @@ class Prepared:
 
 
 # -- message text --------------------------------------------------------------------
+def valid_text(text: str, param: str) -> str:
+    """``text`` if it is encodable Unicode; JSON can carry lone surrogates, which the
+    tokenizers refuse with errors of several types."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise bad_request(
+            f"{param}: the text is not valid Unicode ({e.reason} at {e.start})",
+            param=param,
+            code="invalid_unicode",
+        ) from e
+    return text
+
+
 def _content_text(content: Any, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
+        return valid_text(content, f"{where}.content")
     pieces = []
     for i, part in enumerate(content):
         if part.type != "text":
@@ -78,7 +93,7 @@ def _content_text(content: Any, where: str) -> str:
             raise bad_request(
                 f"{where}.content[{i}]: a text part needs 'text'", param=f"{where}.content[{i}]"
             )
-        pieces.append(part.text)
+        pieces.append(valid_text(part.text, f"{where}.content[{i}].text"))
     return "".join(pieces)
 
 
@@ -94,7 +109,7 @@ def _stop(stop: str | list[str] | None) -> tuple[str, ...]:
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(s == "" for s in stops):
         raise bad_request("stop strings must not be empty", param="stop")
-    return tuple(stops)
+    return tuple(valid_text(s, "stop") for s in stops)
 
 
 def _check_n(n: int | None) -> None:
@@ -138,11 +153,24 @@ def _fit_length(prompt_len: int, max_tokens: int, explicit: bool, limits: Limits
     return max_tokens
 
 
+def _temperature(req: Any) -> float:
+    """Near-zero ``temperature`` or ``top_p`` sample greedily, which is what they tend to.
+
+    Taken literally they overflow: logits / T turn infinite, and a ``top_p`` below
+    float32's resolution masks every token; the non-finite probabilities would make the
+    sampler raise inside the engine step and fail every request in that step.
+    """
+    value = DEFAULT_TEMPERATURE if req.temperature is None else req.temperature
+    if value < GREEDY_BELOW or (req.top_p is not None and req.top_p < GREEDY_BELOW):
+        return 0.0
+    return value
+
+
 def _params(req: Any, max_tokens: int) -> SamplingParams:
     try:
         return SamplingParams(
-            temperature=req.temperature if req.temperature is not None else DEFAULT_TEMPERATURE,
-            top_p=req.top_p if req.top_p is not None else 1.0,
+            temperature=_temperature(req),
+            top_p=req.top_p if req.top_p is not None and req.top_p >= GREEDY_BELOW else 1.0,
             seed=req.seed,
             max_tokens=max_tokens,
             stop=_stop(req.stop),
@@ -187,9 +215,11 @@ def da_context(da: DARequest) -> str:
             raise bad_request("declarative_attention.documents is empty",
                               param="declarative_attention.documents",
                               code="invalid_da_options")
-        return "\n\n".join(da.documents)
+        docs = [valid_text(d, f"declarative_attention.documents[{i}]")
+                for i, d in enumerate(da.documents)]
+        return "\n\n".join(docs)
     assert da.context is not None
-    return da.context
+    return valid_text(da.context, "declarative_attention.context")
 
 
 def _question(messages: list[dict[str, str]]) -> str:
@@ -260,6 +290,7 @@ def prepare_completion(engine: Any, req: CompletionRequest, limits: Limits) -> P
             raise bad_request("prompt must be one string (a list must hold exactly one)",
                               param="prompt", code="unsupported_value")
         prompt = prompt[0]
+    valid_text(prompt, "prompt")
     ids = list(engine.tokenizer.encode(prompt, add_special_tokens=True))
     if not ids:
         raise bad_request("the prompt is empty", param="prompt")

@@ -1,0 +1,188 @@
+"""Errors in OpenAI's shape with the right status, and failures that stay contained."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+from conftest import MODEL, da_context
+
+from declattn.server.controllers import PlainChat
+from declattn.server.metrics import parse
+
+openai = pytest.importorskip("openai")
+
+CHAT = "/v1/chat/completions"
+USER = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture(scope="module")
+def server(server_factory: Any) -> Any:
+    return server_factory(kv_blocks=128)
+
+
+@pytest.fixture(scope="module")
+def http(server: Any) -> Any:
+    with httpx.Client(base_url=server.url, timeout=600) as c:
+        yield c
+
+
+def _error(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    return err
+
+
+def _chat(http: Any, **body: Any) -> httpx.Response:
+    return http.post(CHAT, json={"model": MODEL, "messages": USER, "max_tokens": 2, **body})
+
+
+def test_invalid_json_and_wrong_shapes(http: Any) -> None:
+    r = http.post(CHAT, content=b'{"model": "x", "messages": [', headers={
+        "content-type": "application/json"})
+    err = _error(r, 400)
+    assert err["type"] == "invalid_request_error" and err["code"] == "invalid_json"
+    assert _error(http.post(CHAT, content=b"hello"), 400)["code"] == "invalid_json"
+    assert _error(http.post(CHAT, json=[1, 2]), 400)["code"] == "invalid_json"
+    assert _error(_chat(http, messages="hi"), 400)["param"] == "messages"
+    assert _error(_chat(http, temperature="hot"), 400)["param"] == "temperature"
+    assert _error(_chat(http, max_tokens=0), 400)["param"] == "max_tokens"
+    assert _error(_chat(http, messages=[{"role": "wizard", "content": "x"}]), 400)["param"] == (
+        "messages[0].role"
+    )
+    missing = http.post(CHAT, json={"model": MODEL})
+    assert _error(missing, 400)["param"] == "messages"
+
+
+def test_unknown_model_and_route(http: Any) -> None:
+    err = _error(_chat(http, model="gpt-17"), 404)
+    assert err["code"] == "model_not_found" and "gpt-17" in err["message"]
+    assert _error(http.get("/v1/models/gpt-17"), 404)["code"] == "model_not_found"
+    assert _error(http.get("/v1/nothing-here"), 404)["type"] == "invalid_request_error"
+    completion = http.post("/v1/completions", json={"model": "nope", "prompt": "x"})
+    assert _error(completion, 404)["param"] == "model"
+
+
+def test_request_values_the_server_refuses(http: Any) -> None:
+    assert _error(_chat(http, messages=[]), 400)["param"] == "messages"
+    err = _error(_chat(http, n=2), 400)
+    assert err["param"] == "n" and "n=1" in err["message"]
+    assert _error(_chat(http, stop=[""]), 400)["param"] == "stop"
+    image = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    assert "image_url" in _error(_chat(http, messages=image), 400)["message"]
+    surrogate = b'{"model": "%s", "messages": [{"role": "user", "content": "\\ud800"}]}' % (
+        MODEL.encode())
+    r = http.post(CHAT, content=surrogate, headers={"content-type": "application/json"})
+    assert _error(r, 400)["code"] == "invalid_unicode"
+    assert _error(http.post("/v1/completions", json={"model": MODEL, "prompt": ["a", "b"]}),
+                  400)["param"] == "prompt"
+
+
+def test_context_longer_than_the_model_allows(http: Any) -> None:
+    long = "lighthouse " * 9000
+    err = _error(_chat(http, messages=[{"role": "user", "content": long}]), 400)
+    assert err["code"] == "context_length_exceeded"
+    assert "8192" in err["message"] and "in the prompt" in err["message"]
+    err = _error(_chat(http, max_tokens=100_000), 400)
+    assert err["code"] == "context_length_exceeded" and "100000 in the completion" in (
+        err["message"])
+    # fits the model but not this server's 128-block pool
+    err = _error(_chat(http, max_tokens=4000), 400)
+    assert "KV pool" in err["message"] and "128 blocks" in err["message"]
+
+
+@pytest.mark.parametrize(
+    ("da", "param"),
+    [
+        ({"context": "x", "documents": ["y"]}, "declarative_attention"),
+        ({"chunk_tokens": 16}, "declarative_attention"),
+        ({"context": "x", "chunk_size": 16}, "declarative_attention.chunk_size"),
+        ({"context": "x", "chunk_tokens": 64, "chunk_cap": 32}, "declarative_attention.chunk_cap"),
+        ({"context": "x", "chunk_tokens": 0}, "declarative_attention.chunk_tokens"),
+        ({"context": "   "}, "declarative_attention.context"),
+        ({"documents": []}, "declarative_attention.documents"),
+        ({"context": "x", "return_tags": "hide"}, "declarative_attention.return_tags"),
+    ],
+)
+def test_bad_da_options(http: Any, da: dict[str, Any], param: str) -> None:
+    err = _error(_chat(http, declarative_attention=da), 400)
+    assert err["param"] == param, err
+
+
+def test_da_needs_a_question(http: Any) -> None:
+    da = {"context": da_context(0), "chunk_tokens": 16}
+    only_system = [{"role": "system", "content": "Be brief."}]
+    assert "user message" in _error(_chat(http, messages=only_system,
+                                           declarative_attention=da), 400)["message"]
+    blank = [{"role": "user", "content": "  "}]
+    assert "empty" in _error(_chat(http, messages=blank, declarative_attention=da),
+                             400)["message"]
+
+
+def _blocks_in_use(http: Any) -> float:
+    return parse(http.get("/metrics").text)["declattn_kv_blocks_in_use"]
+
+
+def test_engine_failure_fails_the_request_not_the_server(
+    server: Any, http: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    core = server.state.core
+    real_step = core.step
+    calls = {"n": 0}
+
+    def broken_step() -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the first decode step, after the prefill
+            raise RuntimeError("simulated kernel failure")
+        return real_step()
+
+    monkeypatch.setattr(core, "step", broken_step)
+    failed0 = parse(http.get("/metrics").text)["declattn_requests_failed_total"]
+    err = _error(_chat(http, max_tokens=6), 500)
+    assert err["type"] == "server_error" and "simulated kernel failure" in err["message"]
+    assert _blocks_in_use(http) == 0
+    assert parse(http.get("/metrics").text)["declattn_requests_failed_total"] == failed0 + 1
+    assert _chat(http, max_tokens=3).status_code == 200  # the loop is still stepping
+    assert http.get("/health").json()["status"] == "ok"
+
+
+def test_a_broken_request_fails_alone(
+    server: Any, http: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = PlainChat.on_token
+
+    def on_token(self: PlainChat, token_id: int, text: str) -> str | None:
+        reason = real(self, token_id, text)
+        if "boom" in self.prompt_text and self.accounting.steps >= 2:
+            raise ValueError("controller exploded")  # on the third token
+        return reason
+
+    monkeypatch.setattr(PlainChat, "prompt_text", "", raising=False)
+    monkeypatch.setattr(PlainChat, "on_token", on_token)
+    tok = server.state.engine.tokenizer
+    real_init = PlainChat.__init__
+
+    def init(self: PlainChat, prompt_ids: list[int], block_size: int) -> None:
+        real_init(self, prompt_ids, block_size)
+        self.prompt_text = tok.decode(prompt_ids)
+
+    monkeypatch.setattr(PlainChat, "__init__", init)
+    client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0)
+    err = _error(_chat(http, messages=[{"role": "user", "content": "boom"}], max_tokens=6), 500)
+    assert "controller exploded" in err["message"]
+    # streamed: the failure comes after the response began, as an error event
+    seen = []
+    with pytest.raises(openai.APIError, match="controller exploded") as info:
+        for chunk in client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "boom"}], max_tokens=6,
+            stream=True,
+        ):
+            seen.append(chunk)
+    assert not isinstance(info.value, openai.APIStatusError)  # an event, not a status
+    assert seen and seen[0].choices[0].delta.role == "assistant"
+    assert _blocks_in_use(http) == 0
+    ok = _chat(http, messages=[{"role": "user", "content": "fine"}])
+    assert ok.status_code == 200
