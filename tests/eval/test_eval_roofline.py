@@ -171,3 +171,17 @@ def test_roofline_command_prints_costs(tmp_path, capsys):
         json.dumps({k: v for k, v in GEMMA3_1B.items() if k != "sliding_window_pattern"})
     )
     assert main(["roofline", "--config", str(bad)]) == 2
+
+
+def test_run_dtype_is_read_from_rows():
+    from declattn.eval.roofline import rows_kv_dtype
+
+    c = model_cost(QWEN3_06B)
+    recorded = [{"kv_dtype": "float32"}]
+    assert rows_kv_dtype(recorded, c) == "float32"
+    # Older rows: 2 bytes per value, from the global-layer bytes a step counted.
+    per_pos = 2 * 8 * 128 * 28 * 2
+    step = ["global", [], 300, 300, 304, 300, 304, 19, 300 * per_pos, 0, 0.1]
+    row = {"step_fields": list(STEP_FIELDS), "steps": [step]}
+    assert rows_kv_dtype([row], c) == "bfloat16"
+    assert rows_kv_dtype([{"steps": []}], c) is None

@@ -8,6 +8,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from rich.console import Console
 from rich.table import Table
 
 from declattn.cli.common import UserError, console
@@ -81,20 +82,32 @@ def run(args: argparse.Namespace) -> int:
         else:
             raise UserError("give --config (a config.json) or --results")
         cost = model_cost(config, dtype=args.dtype, kv_dtype=args.kv_dtype)
+        local = _run_cost(config, rows, args) if rows else None
     except (RooflineConfigError, OSError) as e:
         raise UserError(str(e)) from e
-    con = console()
+    con = Console(width=max(console().width, 110), highlight=False)
     con.print(_cost_table(cost, args))
     if rows is None:
         con.print(_context_table(cost, accs, args))
         return 0
-    this = None
-    if not args.no_measure:
-        this = _this_machine(cost, args, con)
-    con.print(_results_table(cost, accs, rows, args))
-    if this is not None:
-        con.print(_measured_table(this, rows, args, config))
+    con.print(_results_table(cost, accs, rows, args, per_step=False))
+    con.print(_results_table(cost, accs, rows, args, per_step=True))
+    if not args.no_measure and local is not None:
+        this = _this_machine(local, con)
+        con.print(_measured_table(local, this, rows, args))
     return 0
+
+
+def _run_cost(config: dict[str, Any], rows: list, args: argparse.Namespace) -> Any:
+    """The cost model in the dtype the run itself used (recorded in its rows, or read off
+    its byte counts), for the comparison with what it measured here."""
+    from declattn.eval.roofline import model_cost, rows_kv_dtype
+
+    shape = model_cost(config, dtype=args.dtype or "float32")
+    used = rows_kv_dtype(rows, shape)
+    if used is None:
+        return None
+    return model_cost(config, dtype=used, kv_dtype=used)
 
 
 def _read_json(path: str) -> dict[str, Any]:
@@ -162,47 +175,46 @@ def _groups(rows: list) -> dict[tuple, list]:
     return group(rows, "model", "length", "arm")
 
 
-def _results_table(cost: Any, accs: list, rows: list, args: Any) -> Table:
+def _projected(cost: Any, acc: Any, rs: list, args: Any, per_step: bool, **kw: Any) -> float:
+    """Mean projected decode seconds per response (or per decode step) of rows ``rs``."""
     from declattn.eval.roofline import project_steps, row_steps
 
-    t = Table(title="projected decode time per response (ms), and against vanilla")
+    out = []
+    for r in rs:
+        steps = row_steps(r, args.reads)
+        p = project_steps(cost, acc, steps, mfu=args.mfu, mbu=args.mbu, **kw).seconds
+        out.append(p / max(1, len(steps)) if per_step else p)
+    return fmean(out)
+
+
+def _results_table(cost: Any, accs: list, rows: list, args: Any, *, per_step: bool) -> Table:
+    unit, scale = ("us per decode step", 1e6) if per_step else ("ms per response", 1e3)
+    t = Table(title=f"projected decode time, {unit} (x vanilla)")
     for c in ("model", "length", "arm", "n", "steps", *[a.name for a in accs]):
         t.add_column(c, justify="left" if c in ("model", "arm") else "right")
-    groups = _groups(rows)
-    kw = {"mfu": args.mfu, "mbu": args.mbu, "include_weights": args.include_weights}
-    base: dict[tuple, dict[str, float]] = {}
-    for (model, length, arm), rs in groups.items():
-        times = {
-            a.name: fmean(
-                project_steps(cost, a, row_steps(r, args.reads), **kw).seconds for r in rs
-            )
-            for a in accs
-        }
-        if arm == "vanilla":
-            base[(model, length)] = times
-    for (model, length, arm), rs in groups.items():
-        times = {
-            a.name: fmean(
-                project_steps(cost, a, row_steps(r, args.reads), **kw).seconds for r in rs
-            )
-            for a in accs
-        }
-        ref = base.get((model, length))
+    kw = {"include_weights": args.include_weights}
+    times = {
+        key: {a.name: _projected(cost, a, rs, args, per_step, **kw) for a in accs}
+        for key, rs in _groups(rows).items()
+    }
+    for (model, length, arm), rs in _groups(rows).items():
+        ref = times.get((model, length, "vanilla"))
         cells = []
         for a in accs:
-            cell = f"{1e3 * times[a.name]:.2f}"
+            value = times[(model, length, arm)][a.name]
+            cell = f"{scale * value:.2f}"
             if ref and arm != "vanilla" and ref[a.name]:
-                cell += f" ({times[a.name] / ref[a.name]:.2f}x)"
+                cell += f" ({value / ref[a.name]:.2f}x)"
             cells.append(cell)
         steps = fmean(r["totals"]["steps"] for r in rs)
         t.add_row(model, f"{length:,}", arm, str(len(rs)), f"{steps:.0f}", *cells)
     return t
 
 
-def _this_machine(cost: Any, args: Any, con: Any) -> Any:
+def _this_machine(cost: Any, con: Any) -> Any:
     from declattn.eval.accelerators import measure_this_machine
 
-    dtype = "bf16" if cost.weight_bytes_per_param == 2 else "fp32"
+    dtype = {4: "fp32", 2: "bf16"}.get(int(cost.weight_bytes_per_param), "fp32")
     with con.status("measuring this machine (matmul and bandwidth)"):
         acc = measure_this_machine(dtype)
     con.print(
@@ -212,49 +224,26 @@ def _this_machine(cost: Any, args: Any, con: Any) -> Any:
     return acc
 
 
-def _measured_table(acc: Any, rows: list, args: Any, config: dict) -> Table:
-    """Projection for this machine beside the decode time the runs measured."""
-    from declattn.eval.roofline import model_cost, project_steps, row_steps
-
-    cost = model_cost(config, dtype=args.dtype, kv_dtype=args.kv_dtype)
-    t = Table(title="this machine: measured vs projected decode seconds per response")
-    for c in (
-        "model",
-        "length",
-        "arm",
-        "n",
-        "measured",
-        "projected",
-        "proj. +weights",
-        "measured/vanilla",
-        "projected/vanilla",
-        "+weights/vanilla",
-    ):
+def _measured_table(cost: Any, acc: Any, rows: list, args: Any) -> Table:
+    """Projection for this machine beside the decode time the runs measured, per decode
+    step (ms), in the dtype the runs used."""
+    t = Table(title="this machine: measured vs projected ms per decode step (x vanilla)")
+    for c in ("model", "length", "arm", "n", "measured", "projected", "projected +weights"):
         t.add_column(c, justify="left" if c in ("model", "arm") else "right")
-    kw = {"mfu": args.mfu, "mbu": args.mbu}
     figures: dict[tuple, tuple[float, float, float]] = {}
     for key, rs in _groups(rows).items():
-        measured = fmean(r["timing"]["decode_seconds"] for r in rs)
-        proj = fmean(project_steps(cost, acc, row_steps(r, args.reads), **kw).seconds for r in rs)
-        heavy = fmean(
-            project_steps(cost, acc, row_steps(r, args.reads), include_weights=True, **kw).seconds
-            for r in rs
-        )
+        measured = fmean(r["timing"]["decode_seconds"] / max(1, r["totals"]["steps"]) for r in rs)
+        proj = _projected(cost, acc, rs, args, True)
+        heavy = _projected(cost, acc, rs, args, True, include_weights=True)
         figures[key] = (measured, proj, heavy)
-    for (model, length, arm), (m, p, w) in figures.items():
+    for (model, length, arm), values in figures.items():
         ref = figures.get((model, length, "vanilla"))
-        ratios = [
-            f"{x / y:.2f}x" if ref and y else "-"
-            for x, y in zip((m, p, w), ref or (0, 0, 0), strict=True)
-        ]
-        t.add_row(
-            model,
-            f"{length:,}",
-            arm,
-            str(len(_groups(rows)[(model, length, arm)])),
-            f"{m:.2f}",
-            f"{p:.4f}",
-            f"{w:.2f}",
-            *ratios,
-        )
+        cells = []
+        for i, v in enumerate(values):
+            cell = f"{1e3 * v:.3f}" if i else f"{1e3 * v:.1f}"
+            if ref and arm != "vanilla" and ref[i]:
+                cell += f" ({v / ref[i]:.2f}x)"
+            cells.append(cell)
+        n = len(_groups(rows)[(model, length, arm)])
+        t.add_row(model, f"{length:,}", arm, str(n), *cells)
     return t

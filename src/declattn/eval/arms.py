@@ -81,6 +81,7 @@ class ArmRun:
     wall_seconds: float
     prefill_seconds: float
     budget: int | None = None
+    kv_dtype: str | None = None
 
 
 class ArmRunner:
@@ -126,7 +127,8 @@ class ArmRunner:
         for _ in core.run(seq):
             pass
         wall = time.perf_counter() - t0
-        return ArmRun(arm, sess, seq, wall, prefix.seconds, budget)
+        kv_dtype = str(core.cache.config.dtype).removeprefix("torch.")
+        return ArmRun(arm, sess, seq, wall, prefix.seconds, budget, kv_dtype)
 
     def _prefix_for(self, prompt_ids: list[int]) -> PrefixKV:
         if self._prefix is None or self._prefix.prompt_ids != tuple(prompt_ids):

@@ -288,3 +288,20 @@ def config_for_model(name_or_path: str) -> dict[str, Any]:
             "model once so the loader converts it"
         )
     return json.loads(Path(candidate).read_text())
+
+
+def rows_kv_dtype(rows: Sequence[dict[str, Any]], cost: ModelCost) -> str | None:
+    """The KV dtype a run used: recorded in its rows, or else read off the bytes its
+    decode steps counted (global-layer bytes over positions read); ``None`` if neither."""
+    from declattn.eval.rows import steps_of
+
+    for row in rows:
+        if row.get("kv_dtype"):
+            return str(row["kv_dtype"])
+    per_value = 2 * cost.n_kv_heads * cost.head_dim * cost.global_layers
+    for row in rows:
+        for st in steps_of(row):
+            if st.get("global_bytes") and st["logical"]:
+                size = st["global_bytes"] / (st["logical"] * per_value)
+                return {4.0: "float32", 2.0: "bfloat16", 1.0: "fp8"}.get(round(size, 3))
+    return None

@@ -89,6 +89,7 @@ def build_row(
         "header": sample.header(),
         "prompt_tokens": len(seq.prompt_ids),
         "block_size": sess.block_size,
+        "kv_dtype": run.kv_dtype,
         "max_tokens": seq.params.max_tokens,
         "chunks": [[c.id, c.start, c.end, c.tokens] for c in chunks],
         "evidence_chunks": [list(ids) for ids in evidence_chunks(sample, chunks)],

@@ -82,6 +82,19 @@ class ServerState:
     that passes it, never restored), so a DA render in one thread can make a plain
     prompt tokenised at the same moment in another thread lose its special tokens."""
 
+    def warm_up(self) -> None:
+        """Build what the first DA request would otherwise wait for (the focus vocabulary
+        of the constrained decoding that small models get by default)."""
+        from declattn.api import CONSTRAIN_BELOW_PARAMS
+
+        if getattr(self.engine, "n_params", CONSTRAIN_BELOW_PARAMS) < CONSTRAIN_BELOW_PARAMS:
+            with self.tokenizer_lock:
+                self.engine.focus_vocabs.get(self.tokenizer)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
     async def prepare(self, fn: Callable[..., Prepared], body: Any) -> Prepared:
         """Run ``fn(engine, body, limits)`` in a worker thread, one at a time."""
 
@@ -136,6 +149,7 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         scheduler.start()
+        await run_in_threadpool(state.warm_up)
         try:
             yield
         finally:
