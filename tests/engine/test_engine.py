@@ -217,3 +217,13 @@ def test_prefill_chunk_size_does_not_change_tokens(chunk):
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     seq = run_one(make_engine(model, prefill_chunk=chunk), ids, params)
     assert seq.output_ids == dense_greedy(model, ids, 8)
+
+
+def test_sampling_survives_underflowing_parameters():
+    from declattn.engine.sampler import sample
+
+    logits = torch.tensor([1.0, 3.0, 2.0])
+    tiny_p = SamplingParams(temperature=1.0, top_p=5e-324, seed=1)
+    assert sample(logits, tiny_p, tiny_p.generator()) == 1
+    tiny_t = SamplingParams(temperature=1e-30)
+    assert sample(logits, tiny_t, tiny_t.generator()) == 1

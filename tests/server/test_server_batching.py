@@ -5,11 +5,13 @@ once: every request must stream the same text both ways, and the concurrent run 
 take fewer engine steps (requests really shared decode steps).
 
 ``DECLATTN_SERVER_CONCURRENCY=64`` runs the comparison with 64 requests and prints
-throughput and p50/p95 latency of both runs (``pytest -s`` to see them).
+throughput and p50/p95 latency of both runs (``pytest -s`` to see them);
+``DECLATTN_SERVER_MAX_TOKENS`` changes the responses' length (default 10).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import threading
@@ -27,6 +29,7 @@ from declattn.server.metrics import parse
 openai = pytest.importorskip("openai")
 
 N = int(os.environ.get("DECLATTN_SERVER_CONCURRENCY", "16"))
+MAX_TOKENS = int(os.environ.get("DECLATTN_SERVER_MAX_TOKENS", "10"))
 
 
 @dataclass
@@ -46,7 +49,7 @@ def _metrics(server: Any) -> dict[str, float]:
 
 
 def _stream(client: Any, i: int) -> Result:
-    body = request_body(i)
+    body = request_body(i, max_tokens=MAX_TOKENS)
     extra = {}
     if "declarative_attention" in body:
         extra["declarative_attention"] = body["declarative_attention"]
@@ -111,10 +114,14 @@ def test_concurrent_streams_equal_one_at_a_time(server: Any) -> None:
     tokens = sum(len(r.text) for r in alone)
     lat_a = [r.seconds for r in alone]
     lat_b = [r.seconds for r in together]
+    # one at a time, had all N arrived together: each waits for those before it
+    queued = list(itertools.accumulate(lat_a))
     print(
-        f"\n[{N} requests, 1 in 4 DA, max_tokens 10] one at a time: {alone_wall:.1f} s "
-        f"({N / alone_wall:.2f} req/s), p50 {statistics.median(lat_a):.2f} s, "
-        f"p95 {_pct(lat_a, 0.95):.2f} s, steps {steps1 - steps0:.0f} | concurrent: "
+        f"\n[{N} requests, 1 in 4 DA, max_tokens {MAX_TOKENS}] one at a time: "
+        f"{alone_wall:.1f} s ({N / alone_wall:.2f} req/s), p50 {statistics.median(lat_a):.2f} s, "
+        f"p95 {_pct(lat_a, 0.95):.2f} s (arriving together: p50 "
+        f"{statistics.median(queued):.1f} s, p95 {_pct(queued, 0.95):.1f} s), steps "
+        f"{steps1 - steps0:.0f} | concurrent: "
         f"{together_wall:.1f} s ({N / together_wall:.2f} req/s), p50 "
         f"{statistics.median(lat_b):.2f} s, p95 {_pct(lat_b, 0.95):.2f} s, steps "
         f"{steps2 - steps1:.0f}, peak running {peak['running']:.0f} | speed-up "

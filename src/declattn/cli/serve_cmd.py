@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, value, low in (
         ("--max-batch", args.max_batch, 1),
         ("--kv-blocks", args.kv_blocks, 1),
-        ("--max-queue", args.max_queue, 0),
+        ("--max-queue", args.max_queue, 1),
         ("--max-tokens-cap", args.max_tokens_cap, 1),
         ("--default-max-tokens", args.default_max_tokens, 1),
         ("--port", args.port, 0),

@@ -11,6 +11,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+GREEDY_BELOW = 1e-4
+"""Temperatures below this sample greedily: dividing logits by them overflows to inf."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -36,7 +39,7 @@ class SamplingParams:
 
     def generator(self) -> torch.Generator | None:
         """A private generator, so seeded requests are reproducible in any batch."""
-        if self.temperature == 0:
+        if self.temperature < GREEDY_BELOW:
             return None
         g = torch.Generator()
         g.manual_seed(self.seed if self.seed is not None else torch.seed())
@@ -46,7 +49,7 @@ class SamplingParams:
 def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """Pick one token from a ``[vocab]`` row of logits."""
     logits = logits.float()
-    if params.temperature == 0:
+    if params.temperature < GREEDY_BELOW:
         return int(torch.argmax(logits))
     logits = logits / params.temperature
     if params.top_k and params.top_k < logits.numel():
@@ -62,6 +65,8 @@ def _top_p(probs: Tensor, top_p: float) -> Tensor:
     """Keep the smallest set of tokens whose mass reaches ``top_p`` (always at least one)."""
     sorted_p, order = torch.sort(probs, descending=True)
     before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-    sorted_p = sorted_p.masked_fill(before >= top_p, 0.0)
+    drop = before >= top_p
+    drop[..., 0] = False  # the most likely token always stays, whatever top_p underflows to
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
     kept = torch.zeros_like(probs).scatter(-1, order, sorted_p)
     return kept / kept.sum()

@@ -42,7 +42,8 @@ class ServerConfig:
     """What ``declattn serve`` was asked for.
 
     ``max_batch``: sequences in the engine at once (prefilling or decoding);
-    ``max_queue``: requests waiting for admission before new ones get 503;
+    ``max_queue``: requests waiting for admission before new ones get 503 (every request
+    waits there at least until the next step);
     ``kv_blocks``: the server's KV pool; ``max_tokens_cap``: an upper bound applied to
     every request's ``max_tokens`` (silently, like a provider's output limit);
     ``aliases``: other names the model answers to (the path it was loaded from).
@@ -59,8 +60,8 @@ class ServerConfig:
     aliases: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        if self.max_batch < 1 or self.max_queue < 0 or self.kv_blocks < 1:
-            raise ValueError("max_batch >= 1, max_queue >= 0 and kv_blocks >= 1 are required")
+        if self.max_batch < 1 or self.max_queue < 1 or self.kv_blocks < 1:
+            raise ValueError("max_batch, max_queue and kv_blocks must be >= 1")
         if self.max_tokens_cap is not None and self.max_tokens_cap < 1:
             raise ValueError("max_tokens_cap must be >= 1")
 
@@ -235,7 +236,7 @@ class _Watch:
     @staticmethod
     async def _disconnected(receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         while (await receive())["type"] != "http.disconnect":
-            pass
+            await asyncio.sleep(0.01)  # a server that repeats empty body messages
 
     async def next(self, job: Job) -> Any | None:
         """The job's next event, or ``None`` if the client disconnected first."""

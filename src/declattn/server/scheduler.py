@@ -119,8 +119,8 @@ class Scheduler:
         max_queue: int = 256,
         idle_wait: float = 0.05,
     ) -> None:
-        if max_batch < 1 or max_queue < 0:
-            raise ValueError("max_batch must be >= 1 and max_queue >= 0")
+        if max_batch < 1 or max_queue < 1:
+            raise ValueError("max_batch and max_queue must be >= 1")
         self.core = core
         self.metrics = metrics
         self.max_batch = max_batch
@@ -131,6 +131,7 @@ class Scheduler:
         self._cancels: list[Job] = []
         self._active: dict[int, Job] = {}
         self._stopping = False
+        self._news = False  # a submit or cancel since the loop last looked
         self._thread: threading.Thread | None = None
         self._snapshot = Snapshot(blocks_free=core.cache.num_free_blocks)
         self._steps = 0
@@ -166,6 +167,7 @@ class Scheduler:
             if len(self._pending) >= self.max_queue:
                 raise QueueFull(f"{len(self._pending)} requests already wait for admission")
             self._pending.append(job)
+            self._news = True
             self._cond.notify_all()
         return job
 
@@ -176,6 +178,7 @@ class Scheduler:
                 return
             job.cancelled = True
             self._cancels.append(job)
+            self._news = True
             self._cond.notify_all()
 
     def snapshot(self) -> Snapshot:
@@ -187,30 +190,38 @@ class Scheduler:
             with self._cond:
                 if self._stopping:
                     break
-                if not self._pending and not self._cancels and not self.core.has_work:
-                    self._cond.wait(self.idle_wait)
                 cancels, self._cancels = self._cancels, []
+                self._news = False
+            worked = False
             try:
                 self._drop(cancels)
                 self._admit()
-                if self.core.has_work:
+                worked = self.core.has_work
+                if worked:
                     self._step()
             except Exception:  # a bug of our own: log it, keep serving
                 log.exception("scheduler iteration failed")
                 self._fail_all_active(APIError(500, "internal error in the engine loop"))
             self._publish()
+            if not worked:
+                with self._cond:  # idle (or waiting for blocks): sleep until news
+                    if not self._news and not self._stopping:
+                        self._cond.wait(self.idle_wait)
         self._shutdown()
 
     def _drop(self, cancels: list[Job]) -> None:
         for job in cancels:
             with self._cond:
-                if job in self._pending:
+                dropped = job in self._pending
+                if dropped:
                     self._pending.remove(job)
             if job.seq is not None and job.seq.seq_id in self._active:
                 del self._active[job.seq.seq_id]
                 self.core.abort(job.seq, "cancelled")
+                dropped = True
             job.done = True
-            self.metrics.count_cancelled()
+            if dropped:  # not one that finished while its cancel was on its way
+                self.metrics.count_cancelled()
 
     def _admit(self) -> None:
         while True:
@@ -245,12 +256,13 @@ class Scheduler:
 
     def _step(self) -> None:
         core = self.core
-        prefilling = core.waiting[0] if core.waiting else None
+        # the sequences this step works on: one being prefilled, or the decoding batch
+        # (taken before the step: a row that finished before the failure is in it too)
+        victims = [core.waiting[0]] if core.waiting else list(core.running)
         try:
             events = core.step()
         except Exception as e:
             log.exception("engine step failed")
-            victims = [prefilling] if prefilling is not None else list(core.running)
             for seq in victims:
                 self._fail_seq(seq, APIError(500, f"engine failure: {type(e).__name__}: {e}"))
             core.counter.reset()
