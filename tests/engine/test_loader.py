@@ -41,17 +41,6 @@ from declattn.engine.loader import (
     load_model,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The two cores are shared: a second OpenMP thread that keeps being descheduled turns
-    every small op into a long wait, so these tests run single-threaded."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 # --- tiny random models -----------------------------------------------------------------
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, VOCAB, FFN, WINDOW = 64, 3, 4, 2, 256, 128, 5

@@ -30,17 +30,6 @@ from declattn.engine.models import (
     UnsupportedArchitecture,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The two cores are shared: a second OpenMP thread that keeps being descheduled turns
-    every small op into a long wait, so these tests run single-threaded."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 COMMON = dict(
     vocab_size=256,
     hidden_size=64,
