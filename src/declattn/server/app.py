@@ -6,7 +6,7 @@ model, the tokenizer and the per-request DA sessions. Request handlers validate 
 prepare off the event loop, submit to the scheduler, and relay what the request's queue
 receives, either as one JSON body or as server-sent events.
 
-A streamed request waits for its first event before the response starts, so a failure
+A streamed request waits for its first token before the response starts, so a failure
 before any output (a full queue, an engine error) still gets its real HTTP status; a
 failure after that arrives as an ``{"error": ...}`` event, which OpenAI clients raise.
 """

@@ -56,6 +56,12 @@ class TextOut:
 
 
 @dataclass(frozen=True)
+class Started:
+    """The first token exists: a stream may open even if its text is still held back
+    (a multibyte character split across tokens, a tag not yet decided)."""
+
+
+@dataclass(frozen=True)
 class Finished:
     finish_reason: str
     engine_reason: str
@@ -68,7 +74,7 @@ class Failed:
     error: APIError
 
 
-Event = TextOut | Finished | Failed
+Event = Started | TextOut | Finished | Failed
 
 
 @dataclass(eq=False)
@@ -82,6 +88,7 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
     seq: Sequence_ | None = None
     shown: int = 0
+    started: bool = False
     cancelled: bool = False
     done: bool = False
 
@@ -301,6 +308,9 @@ class Scheduler:
             err = job.guard.error
             self._fail_seq(seq, APIError(500, f"request failed: {type(err).__name__}: {err}"))
             return
+        if not job.started:
+            job.started = True
+            job.post(Started())
         reader = getattr(sess, "reader", None)
         if reader is not None:
             if finished and not reader.finished:
