@@ -21,7 +21,7 @@ from declattn.engine.loader import LoadedModel, load_model
 from declattn.engine.registry import resolve_model
 from declattn.engine.sampler import SamplingParams
 from declattn.protocol.tags import Declaration
-from declattn.session import DAOptions, DASession, PlainSession
+from declattn.session import DAOptions, DASession, PlainSession, model_da_defaults
 
 DEFAULT_KV_TOKENS = 160 * 1024
 CONSTRAIN_BELOW_PARAMS = 1_000_000_000
@@ -107,6 +107,7 @@ class Engine:
             prefill_chunk=prefill_chunk,
         )
         self.n_params = sum(p.numel() for p in loaded.model.parameters())
+        self.da_defaults = model_da_defaults(loaded.weights_dir)
         self.focus_vocabs = VocabCache()
 
     @classmethod
@@ -150,7 +151,7 @@ class Engine:
         if not question.strip():
             raise ValueError("the question is empty")
         if da:
-            options = options or DAOptions()
+            options = options or self.da_defaults
             if options.constrain is None:
                 small = self.n_params < CONSTRAIN_BELOW_PARAMS
                 options = dataclasses.replace(options, constrain=small)

@@ -9,12 +9,15 @@ and a replay of its transcript give the same figures.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from declattn.accounting import Accounting, StepRecord
 from declattn.constrain import FocusConstraint, FocusVocab
+from declattn.protocol.instruction import DA_INSTRUCTION
 from declattn.protocol.layout import Layout
 from declattn.protocol.modes import Mode
 from declattn.protocol.prompt import RenderedPrompt, render_plain, render_prompt
@@ -34,7 +37,9 @@ class DAOptions:
     ``constrain``: mask the logits inside a focus declaration so only valid ones can be
     written; ``None`` lets ``Engine.session`` decide (on for models under 1B parameters),
     and a session built directly treats it as off. ``runaway``: stop loops and responses
-    that can no longer reach ``<answer>`` (see ``runaway.py``).
+    that can no longer reach ``<answer>`` (see ``runaway.py``). ``instruction`` opens the
+    final user turn: the demonstration for off-the-shelf models, the brief line for
+    models trained to declare.
     """
 
     target: int = 2048
@@ -45,6 +50,24 @@ class DAOptions:
     style: str = "auto"
     constrain: bool | None = None
     runaway: bool = True
+    instruction: str = DA_INSTRUCTION
+
+
+MODEL_SETTINGS_FILE = "declattn.json"
+"""A model directory's own DA defaults (``{"da": {DAOptions field: value}}``): a model
+trained to declare knows its chunk size and instruction."""
+
+
+def model_da_defaults(directory: Path | None) -> DAOptions:
+    """``DAOptions`` with the fields the model directory's settings file sets."""
+    path = directory / MODEL_SETTINGS_FILE if directory is not None else None
+    if path is None or not path.is_file():
+        return DAOptions()
+    try:
+        raw = json.loads(path.read_text())["da"]
+        return DAOptions(**raw)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: bad DA settings ({e})") from e
 
 
 def token_counter(tokenizer: Any):
@@ -111,7 +134,7 @@ class DASession:
         o = self.options
         self.chunks: list[Chunk] = segment(context, token_counter(tokenizer), o.target, o.cap)
         self.prompt: RenderedPrompt = render_prompt(
-            tokenizer, self.chunks, question, sink=o.sink, style=o.style
+            tokenizer, self.chunks, question, sink=o.sink, style=o.style, instruction=o.instruction
         )
         self.reader = TagReader(len(self.chunks), line_start=o.line_start)
         self.accounting = Accounting()

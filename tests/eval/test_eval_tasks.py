@@ -101,6 +101,6 @@ def test_task_names_and_families_resolve():
     assert resolve_tasks("qa") == ["qa_squad", "qa_hotpot"]
     assert resolve_tasks("vt,niah_single_noise,vt") == ["vt", "niah_single_noise"]
     assert set(resolve_tasks("all")) == set(TASKS)
-    assert set(FAMILIES) == {"niah", "vt", "aggregation", "qa", "twohop"}
+    assert set(FAMILIES) == {"niah", "vt", "aggregation", "qa", "twohop", "planted"}
     with pytest.raises(ValueError, match="unknown task"):
         resolve_tasks("needle")

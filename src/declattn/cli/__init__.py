@@ -17,6 +17,7 @@ from declattn.cli import (
     run_cmd,
     serve_cmd,
     show_cmd,
+    train_cmd,
 )
 from declattn.cli.common import UserError
 
@@ -31,6 +32,7 @@ _COMMANDS = (
     serve_cmd,
     eval_cmd,
     roofline_cmd,
+    train_cmd,
 )
 
 

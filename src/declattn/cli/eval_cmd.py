@@ -49,6 +49,10 @@ def add_parser(sub: Any) -> None:
         default="OPENAI_API_KEY",
         help="environment variable holding the judge's API key",
     )
+    p.add_argument(
+        "--threads", type=int, default=None,
+        help="torch threads (default: one per idle core; a shared CPU thrashes otherwise)",
+    )
     p.add_argument("--no-plots", action="store_true")
     p.set_defaults(func=run)
 
@@ -84,8 +88,13 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--max-tokens must be at least 1")
     if args.chunk_cap < args.chunk_target:
         raise UserError("--chunk-cap must be at least --chunk-target")
+    if args.threads is not None and args.threads < 1:
+        raise UserError("--threads must be at least 1")
     judge = _judge(args)
+    from declattn.engine.threads import use_threads
     from declattn.eval.runner import EvalSpec
+
+    use_threads(args.threads)
 
     spec = EvalSpec(
         model=args.model,

@@ -27,6 +27,12 @@ def add_parser(sub: Any) -> None:
         "--line-start", action="store_true", help="opening tags count only at line start"
     )
     p.add_argument("--dtype", choices=["bf16", "fp32"], default=None)
+    p.add_argument(
+        "--backend",
+        choices=["engine", "vllm"],
+        default="engine",
+        help="our engine, or vLLM with the DA plugin (needs vLLM installed; docs/vllm.md)",
+    )
     p.add_argument("--save", help="write the run record (JSON) here")
     p.add_argument("--json", action="store_true", help="print the result as JSON, no streaming")
     p.set_defaults(func=run)
@@ -43,6 +49,11 @@ def run(args: argparse.Namespace) -> int:
         from declattn.cli.common import UserError
 
         raise UserError("--max-tokens must be at least 1")
+    if getattr(args, "backend", "engine") == "vllm":
+        from declattn.vllm.run import run_cli
+
+        with user_errors():
+            return run_cli(args, context, question)
     out = console(stderr=args.json)
     with user_errors():
         with out.status(f"loading {args.model}"):
@@ -56,9 +67,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_arm(engine: Any, arm: str, context: str, question: str, args: Any, out: Any) -> Any:
-    from declattn.session import DAOptions
+    import dataclasses
 
-    options = DAOptions(masking=arm != "da-nm", line_start=args.line_start)
+    options = dataclasses.replace(
+        engine.da_defaults, masking=arm != "da-nm", line_start=args.line_start
+    )
     results: list[Any] = []
     with Progress(
         TextColumn(f"[bold]{arm}[/] prefill"),

@@ -26,7 +26,9 @@ from declattn.engine.attention import (
 from declattn.engine.detok import Detokenizer
 from declattn.engine.kv import KVCache, KVConfig
 from declattn.engine.models import Decoder, ModelConfig
+from declattn.engine.models.token_context import TokenContext, token_context
 from declattn.engine.sampler import SamplingParams, sample
+from declattn.protocol.layout import RESPONSE, SCAFFOLD
 
 
 class Controller(Protocol):
@@ -237,7 +239,7 @@ class PagedEngine:
             None,
             prefill_strategy=self.prefill_strategy,
         )
-        hidden = self.model(ids, pos, attn)
+        hidden = self.model(ids, pos, attn, self._context([(seq, range(start, stop))]))
         seq.prefilled = stop
         if stop < len(seq.prompt_ids):
             seq.prefill_seconds += time.perf_counter() - t0
@@ -262,7 +264,8 @@ class PagedEngine:
         ids = torch.tensor([s.output_ids[-1] for s in seqs], device=self.device)
         pos = torch.tensor([s.length - 1 for s in seqs], device=self.device)
         attn = PagedAttention(self.cache, steps, self.counter)
-        hidden = self.model(ids, pos, attn)
+        context = self._context([(s, range(s.length - 1, s.length)) for s in seqs])
+        hidden = self.model(ids, pos, attn, context)
         logits = self.model.logits(hidden)
         elapsed = time.perf_counter() - t0
         events = []
@@ -272,6 +275,27 @@ class PagedEngine:
             events.append(self._accept(seq, logits[row]))
         self.counter.reset()
         return events
+
+    def _context(self, rows: list[tuple[Sequence_, range]]) -> TokenContext | None:
+        """Neighbours and chunk ids of the step's tokens, for models that need them."""
+        config = self.model.config
+        if not config.needs_token_context:
+            return None
+        parts = []
+        for seq, positions in rows:
+            lo = max(0, positions.start - config.token_shift)
+            layout = getattr(seq.controller, "layout", None)
+            if layout is not None:
+                regions = layout.regions(lo, positions.stop)
+            else:  # a plain prompt: one region, then the response
+                n = len(seq.prompt_ids)
+                regions = [SCAFFOLD if p < n else RESPONSE for p in range(lo, positions.stop)]
+            ids = [*seq.prompt_ids, *seq.output_ids][lo : positions.stop]
+            shift = config.token_shift
+            parts.append(token_context(ids, regions, positions, shift, lo, self.device))
+        return TokenContext(
+            torch.cat([c.previous for c in parts]), torch.cat([c.segments for c in parts])
+        )
 
     def _harvest(self, step: int, seq: Sequence_, st: SeqStep, elapsed: float) -> StepRead:
         per_layer = [

@@ -54,7 +54,12 @@ QUESTION_LABEL = "Question:"
 """Introduces the real question after the instruction, as in the demonstration."""
 
 
-def final_turn(question: str) -> str:
+BRIEF_INSTRUCTION = "Reply with Declarative Attention."
+"""For models trained to declare (``declattn.train``): they need no demonstration, and the
+long one would cost a tiny model most of its context."""
+
+
+def final_turn(question: str, instruction: str = DA_INSTRUCTION) -> str:
     """The content of the final user turn: the instruction, then the question, last.
 
     The question goes last so that it is what the model reads right before it writes,
@@ -62,4 +67,4 @@ def final_turn(question: str) -> str:
     window. ``question`` may be a placeholder the caller substitutes later: it appears
     exactly once, verbatim, at the very end.
     """
-    return f"{DA_INSTRUCTION}\n{QUESTION_LABEL}\n\n{question}"
+    return f"{instruction}\n{QUESTION_LABEL}\n\n{question}"

@@ -30,6 +30,10 @@ class Span:
         return Span(min(self.start, length), min(self.end, length))
 
 
+SCAFFOLD, QUESTION, RESPONSE = 0, -1, -2
+"""Region ids of the positions outside every chunk (see ``Layout.regions``)."""
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where the parts of a DA prompt sit, in token positions.
@@ -63,6 +67,29 @@ class Layout:
         if not 1 <= chunk_id <= len(self.chunks):
             raise KeyError(f"no magic chunk {chunk_id} (have 1..{len(self.chunks)})")
         return self.chunks[chunk_id - 1]
+
+    def regions(self, start: int, stop: int) -> list[int]:
+        """The region of each position in ``[start, stop)``: chunk id (>= 1) inside a
+        chunk, ``QUESTION`` in the question window, ``RESPONSE`` from the end of the
+        prompt on, ``SCAFFOLD`` elsewhere.
+
+        Models that mix a token's neighbours into it (``declattn_tiny``) never mix across
+        a region boundary: a chunk must look the same wherever it sits in the prompt.
+        """
+        out = []
+        k = 0
+        for p in range(start, stop):
+            while k < len(self.chunks) and self.chunks[k].end <= p:
+                k += 1
+            if p >= self.prompt_len:
+                out.append(RESPONSE)
+            elif k < len(self.chunks) and self.chunks[k].start <= p:
+                out.append(k + 1)
+            elif self.question.start <= p:
+                out.append(QUESTION)
+            else:
+                out.append(SCAFFOLD)
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from declattn.protocol.instruction import final_turn
+from declattn.protocol.instruction import DA_INSTRUCTION, final_turn
 from declattn.protocol.layout import Layout, Span
 
 SYSTEM_LINE = "You are a careful assistant."
@@ -100,12 +100,14 @@ def render_prompt(
     *,
     sink: int = 16,
     style: str = "auto",
+    instruction: str = DA_INSTRUCTION,
 ) -> RenderedPrompt:
     """Render a DA prompt through ``tokenizer``'s chat template and derive its layout.
 
     ``style="auto"`` tries the tool-use transcript and falls back to ``inline`` when the
     template cannot show tool calls and tool responses; ``"tools"`` or ``"inline"`` forces
-    one and raises if the template cannot render it.
+    one and raises if the template cannot render it. ``instruction`` opens the final
+    user turn; models trained to declare take the brief one.
     """
     _require_chat_template(tokenizer)
     if style not in STYLES:
@@ -128,8 +130,9 @@ def render_prompt(
     texts = {k: c.text for k, c in zip(chunk_keys, chunks, strict=True)}
     texts[question_key] = question
 
-    chosen, messages, tools, full = _render_da(tokenizer, style, chunk_keys, question_key)
-    turn_start = _final_turn_offset(tokenizer, messages, tools, full, question_key)
+    final = final_turn(question_key, instruction)
+    chosen, messages, tools, full = _render_da(tokenizer, style, chunk_keys, question_key, final)
+    turn_start = _final_turn_offset(tokenizer, messages, tools, full, question_key, final)
     special = _special_ids(tokenizer)
     built = _assemble(tokenizer, full, keys, texts, special, turn_start)
 
@@ -186,12 +189,12 @@ def _chunks_phrase(n: int) -> str:
 
 
 def _conversation(
-    style: str, chunk_keys: list[str], question_key: str
+    style: str, chunk_keys: list[str], final_text: str
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None, str]:
     """Messages, tools, and the opening user text (used to find the first tool call)."""
     n = len(chunk_keys)
     system = {"role": "system", "content": SYSTEM_LINE}
-    final = {"role": "user", "content": final_turn(question_key)}
+    final = {"role": "user", "content": final_text}
     if style == "tools":
         opener = (
             f"Read the document first. It comes as {_chunks_phrase(n)}; "
@@ -234,7 +237,7 @@ def _conversation(
 
 
 def _render_da(
-    tokenizer: Any, style: str, chunk_keys: list[str], question_key: str
+    tokenizer: Any, style: str, chunk_keys: list[str], question_key: str, final_text: str
 ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]] | None, str]:
     """Render the DA conversation in the first style the template can show faithfully.
 
@@ -243,7 +246,7 @@ def _render_da(
     tried = ("tools", "inline") if style == "auto" else (style,)
     failures: list[str] = []
     for attempt in tried:
-        messages, tools, opener = _conversation(attempt, chunk_keys, question_key)
+        messages, tools, opener = _conversation(attempt, chunk_keys, final_text)
         try:
             full = _render(tokenizer, messages, tools, generation=True)
             _check_sentinels(full, [*chunk_keys, question_key])
@@ -336,6 +339,7 @@ def _final_turn_offset(
     tools: list[dict[str, Any]] | None,
     full: str,
     question_key: str,
+    content: str,
 ) -> int | None:
     """Character offset in ``full`` where the final user turn begins.
 
@@ -350,7 +354,6 @@ def _final_turn_offset(
         head = None
     if head is not None and full.startswith(head) and len(head) <= q_at:
         return len(head)
-    content = final_turn(question_key)
     at = full.rfind(content[: -len(question_key)], 0, q_at + 1)
     return at if at >= 0 else None
 

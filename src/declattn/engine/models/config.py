@@ -18,17 +18,26 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Gemma3ForCausalLM": "gemma3",
+    "DeclattnTinyForCausalLM": "declattn_tiny",
 }
-"""Hugging Face architecture name -> family."""
+"""Hugging Face architecture name -> family. ``declattn_tiny`` is Llama plus the two
+learning aids of ``da-tiny`` (see ``Decoder``); only this engine runs it."""
 
 _MODEL_TYPES: dict[str, str] = {
     "llama": "llama",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "gemma3_text": "gemma3",
+    "declattn_tiny": "declattn_tiny",
 }
 
-_DEFAULT_THETA = {"llama": 10_000.0, "qwen2": 10_000.0, "qwen3": 10_000.0, "gemma3": 1_000_000.0}
+_DEFAULT_THETA = {
+    "declattn_tiny": 10_000.0,
+    "llama": 10_000.0,
+    "qwen2": 10_000.0,
+    "qwen3": 10_000.0,
+    "gemma3": 1_000_000.0,
+}
 _GEMMA3_LOCAL_THETA = 10_000.0
 _GEMMA3_SLIDING_PATTERN = 6
 _GEMMA3_QUERY_SCALAR = 256
@@ -101,6 +110,13 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     pad_token_id: int | None = None
+    token_shift: int = 0  # declattn_tiny: previous tokens mixed into each embedding
+    chunk_segments: int = 0  # declattn_tiny: chunk ids with an embedding of their own
+
+    @property
+    def needs_token_context(self) -> bool:
+        """Whether the decoder must be told each token's neighbours and chunk."""
+        return bool(self.token_shift or self.chunk_segments)
 
     def window(self, layer: int) -> int | None:
         """The sliding window of ``layer``; ``None`` for a global layer."""
@@ -170,6 +186,8 @@ class ModelConfig:
             bos_token_id=d.get("bos_token_id"),
             eos_token_ids=eos_ids,
             pad_token_id=d.get("pad_token_id"),
+            token_shift=_req_int(d, "token_shift") if family == "declattn_tiny" else 0,
+            chunk_segments=_req_int(d, "chunk_segments") if family == "declattn_tiny" else 0,
         )
 
 

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from declattn.engine.attention_api import AttentionFn
 from declattn.engine.models.config import ModelConfig
 from declattn.engine.models.layers import MLP, Attention, RMSNorm, Rotary
+from declattn.engine.models.token_context import TokenContext
 
 
 class DecoderLayer(nn.Module):
@@ -59,21 +60,50 @@ class Decoder(nn.Module):
         self.lm_head = (
             None if c.tie_word_embeddings else nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         )
+        self.shift = nn.ModuleList(
+            nn.Linear(c.hidden_size, c.hidden_size, bias=False) for _ in range(c.token_shift)
+        )
+        self.segment_embed = (
+            nn.Embedding(c.chunk_segments + 1, c.hidden_size) if c.chunk_segments else None
+        )
         self._rotary_global = Rotary(c.rope_global, c.head_dim)
         self._rotary_local = Rotary(c.rope_local, c.head_dim) if c.rope_local else None
 
-    def forward(self, input_ids: Tensor, positions: Tensor, attn: AttentionFn) -> Tensor:
-        """``input_ids``, ``positions``: ``[T]``. Returns ``[T, hidden_size]``."""
+    def forward(
+        self,
+        input_ids: Tensor,
+        positions: Tensor,
+        attn: AttentionFn,
+        context: TokenContext | None = None,
+    ) -> Tensor:
+        """``input_ids``, ``positions``: ``[T]``. Returns ``[T, hidden_size]``.
+
+        ``context`` is required by the ``declattn_tiny`` family and ignored otherwise.
+        """
         h = self.embed(input_ids)
         if self.config.embed_scale is not None:
             # Scaled in the model dtype, as the reference implementation does.
             h = h * torch.tensor(self.config.embed_scale, dtype=h.dtype, device=h.device)
+        if self.config.needs_token_context:
+            h = h + self._aids(context)
         rope_global = self._rotary_global.cos_sin(positions)
         rope_local = self._rotary_local.cos_sin(positions) if self._rotary_local else rope_global
         for i, layer in enumerate(self.layers):
             cos, sin = rope_global if self.config.window(i) is None else rope_local
             h = layer(h, cos, sin, attn)
         return self.norm(h)
+
+    def _aids(self, context: TokenContext | None) -> Tensor:
+        if context is None:
+            raise ValueError(f"{self.config.architecture} needs each token's context")
+        prev = context.previous
+        known = (prev >= 0).unsqueeze(-1)
+        neighbours = self.embed(prev.clamp(min=0)) * known  # [T, shift, hidden]
+        out = sum(proj(neighbours[:, j]) for j, proj in enumerate(self.shift))
+        if self.segment_embed is not None:
+            segs = context.segments.clamp(max=self.segment_embed.num_embeddings - 1)
+            out = out + self.segment_embed(segs)
+        return out
 
     def logits(self, hidden: Tensor) -> Tensor:
         """Vocabulary logits (fp32) for the rows of ``hidden`` given: ``[..., vocab_size]``."""

@@ -47,6 +47,11 @@ def internal_name(config: ModelConfig, hf_name: str) -> str | None:
         return "embed.weight"
     if hf_name == "model.norm.weight":
         return "norm.weight"
+    if hf_name == "model.segment_embed.weight" and config.chunk_segments:
+        return "segment_embed.weight"
+    shift = re.match(r"^model\.token_shift\.(\d+)\.weight$", hf_name)
+    if shift is not None and int(shift.group(1)) < config.token_shift:
+        return f"shift.{shift.group(1)}.weight"
     if hf_name == "lm_head.weight":
         return None if config.tie_word_embeddings else "lm_head.weight"
     match = _LAYER.match(hf_name)
@@ -60,3 +65,29 @@ def internal_name(config: ModelConfig, hf_name: str) -> str | None:
     else:
         raise KeyError(hf_name)
     return f"layers.{layer}.{role}"
+
+
+def hf_name(config: ModelConfig, name: str) -> str | None:
+    """The Hugging Face tensor name of decoder parameter ``name`` (the inverse of
+    ``internal_name``); ``None`` for a parameter a checkpoint does not store."""
+    if name == "embed.weight":
+        return "model.embed_tokens.weight"
+    if name == "norm.weight":
+        return "model.norm.weight"
+    if name == "segment_embed.weight":
+        return "model.segment_embed.weight"
+    if name.startswith("shift."):
+        return f"model.token_shift.{name.split('.')[1]}.weight"
+    if name == "lm_head.weight":
+        return None if config.tie_word_embeddings else "lm_head.weight"
+    match = re.match(r"^layers\.(\d+)\.(.+)$", name)
+    if match is None:
+        raise KeyError(name)
+    layer, role = match.groups()
+    norm_after_attn = "post_attn_norm.weight" if config.sandwich_norms else "mlp_norm.weight"
+    if role == norm_after_attn:
+        return f"model.layers.{layer}.post_attention_layernorm.weight"
+    for hf, internal in _LAYER_NAMES.items():
+        if internal == role:
+            return f"model.layers.{layer}.{hf}"
+    raise KeyError(name)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from declattn.eval.sample import Sample
-from declattn.eval.tasks import compare, niah, qa, variables, words
+from declattn.eval.tasks import compare, niah, planted, qa, variables, words
 from declattn.eval.tasks.base import TaskData
 
 __all__ = ["TASKS", "Task", "TaskData", "generate", "resolve_tasks"]
@@ -54,6 +54,7 @@ TASKS: dict[str, Task] = {
         Task("qa_squad", "qa", qa.squad, "SQuAD question among distractor paragraphs"),
         Task("qa_hotpot", "qa", qa.hotpot, "HotpotQA two-paragraph question among distractors"),
         Task("twohop", "twohop", compare.compare_two_facts, "compare two facts far apart"),
+        Task("planted", "planted", planted.planted, "the main job's invented fact in essays"),
     )
 }
 

@@ -1,0 +1,120 @@
+"""``declattn train``: train ``da-tiny`` here, and evaluate a declaring model held-out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from declattn.cli.common import UserError, console, user_errors
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("train", help="train da-tiny; evaluate a model trained to declare")
+    s = p.add_subparsers(dest="train_command", required=True)
+    t = s.add_parser("da-tiny", help="train the tiny declaring model from scratch (CPU)")
+    t.add_argument("--out", required=True, help="model directory to write")
+    t.add_argument("--steps", type=int, default=None)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--batch", type=int, default=None)
+    t.add_argument("--threads", type=int, default=1)
+    t.add_argument("--no-gate", action="store_true", help="skip the accuracy gate")
+    t.set_defaults(func=run_train)
+    e = s.add_parser("eval", help="held-out accuracy and reads of a declaring model")
+    e.add_argument("--model", default="da-tiny", help="da-tiny or a model directory")
+    e.add_argument("--samples", type=int, default=200)
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--threads", type=int, default=1)
+    e.add_argument("--json", help="also write the table as JSON here")
+    e.set_defaults(func=run_eval)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from declattn.engine.threads import use_threads
+    from declattn.train.da_tiny import TinySpec, train_da_tiny
+
+    spec = TinySpec(seed=args.seed)
+    if args.steps is not None:
+        spec = replace(spec, steps=args.steps)
+    if args.batch is not None:
+        spec = replace(spec, batch=args.batch)
+    if spec.steps < 1 or spec.batch < 1:
+        raise UserError("--steps and --batch must be at least 1")
+    use_threads(args.threads)
+    out, con = Path(args.out), console()
+    with Progress(
+        TextColumn("[bold]training da-tiny"), BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]:.3f}"), TimeElapsedColumn(), console=con,
+    ) as progress:
+        task = progress.add_task("train", total=spec.steps, loss=float("nan"))
+
+        def on_step(step: int, loss: float, lr: float) -> None:
+            progress.update(task, completed=step + 1, loss=loss)
+
+        log = train_da_tiny(spec, out, on_step)
+    con.print(f"wrote {out} (final loss {log[-1]['loss']}, {log[-1]['seconds']} s)")
+    if args.no_gate:
+        return 0
+    cell = _gate(out, spec)
+    con.print(f"gate: 1-hop, {spec.max_chunks} chunks, DA: {cell.correct}/{cell.samples}")
+    if cell.accuracy < spec.gate_accuracy:
+        raise UserError(
+            f"the lookup did not form: accuracy {cell.accuracy:.0%} < {spec.gate_accuracy:.0%} "
+            f"(the model in {out} only learned the format)"
+        )
+    return 0
+
+
+def _gate(out: Path, spec: Any) -> Any:
+    from declattn.api import Engine
+    from declattn.train.evaluate import run_cell
+
+    engine = Engine.from_pretrained(out, dtype="fp32")
+    return run_cell(engine, spec.max_chunks, False, "da", spec.gate_samples, seed=spec.seed + 1)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    from declattn.api import Engine
+    from declattn.engine.threads import use_threads
+    from declattn.train.evaluate import DEFAULT_GRID, run_cell
+
+    if args.samples < 1:
+        raise UserError("--samples must be at least 1")
+    use_threads(args.threads)
+    con = console()
+    with user_errors():
+        engine = Engine.from_pretrained(args.model, dtype="fp32")
+    cells = []
+    t0 = time.perf_counter()
+    with con.status("evaluating") as status:
+        for n, two, arm in DEFAULT_GRID:
+            status.update(f"{'2' if two else '1'}-hop, {n} chunks, {arm}")
+            cells.append(run_cell(engine, n, two, arm, args.samples, seed=args.seed))
+    con.print(_table(cells, args))
+    con.print(f"{time.perf_counter() - t0:.0f} s; seed {args.seed}; fp32; greedy")
+    if args.json:
+        rows = [{**c.__dict__, "accuracy": c.accuracy} for c in cells]
+        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+def _table(cells: list[Any], args: argparse.Namespace) -> Table:
+    t = Table(title=f"{args.model}: held-out, {args.samples} samples per row")
+    for col in ("task", "arm", "accuracy", "focus on evidence", "declines", "attended",
+                "attended (blocks)"):
+        t.add_column(col, justify="left" if col in ("task", "arm") else "right")
+    for c in cells:
+        t.add_row(
+            c.task, c.arm, f"{c.accuracy:.1%}", f"{c.focus_ok / c.samples:.1%}",
+            str(c.declines), f"{c.attended:.1%}", f"{c.physical:.1%}",
+        )
+    return t

@@ -1,0 +1,29 @@
+"""The main job's task: one invented fact planted as its own paragraph in essay prose.
+
+The same generator as ``declattn demo`` (``corpus.planted_document`` and
+``corpus.planted_fact``), so the study of the main job is a run of the harness. Unlike
+RULER's needle questions, the question carries no answer-format order ("answer with the
+number only") that would compete with the DA instruction.
+"""
+
+from __future__ import annotations
+
+from declattn.corpus import planted_document, planted_fact
+from declattn.eval.sample import Sample
+from declattn.eval.tasks.base import PLAIN_SCAFFOLD, TaskData
+
+
+def planted(data: TaskData, length: int, seed: int) -> Sample:
+    fact, question, answer = planted_fact(seed)
+    doc = planted_document(data.count, max(100, length - PLAIN_SCAFFOLD), fact, seed)
+    return Sample(
+        task="planted",
+        family="planted",
+        length=length,
+        seed=seed,
+        context=doc.text,
+        question=question,
+        answers=(answer,),
+        evidence=((doc.fact_start, doc.fact_end),),
+        meta={"fact": fact},
+    )

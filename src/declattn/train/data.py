@@ -1,0 +1,154 @@
+"""Episodes as training examples: the prompt the engine would build, the target tokens,
+and the mask, for any tokenizer with a chat template (the tiny word-level one or a real
+model's).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor
+
+from declattn.protocol.instruction import BRIEF_INSTRUCTION
+from declattn.protocol.layout import Layout
+from declattn.protocol.prompt import render_prompt
+from declattn.protocol.segment import Chunk, segment
+from declattn.scope import DEFAULT_BLOCK_SIZE
+from declattn.session import DAOptions, token_counter
+from declattn.train.mask import transcript_mask
+from declattn.train.tasks import CHUNK_TOKENS, Episode, make_episode
+from declattn.train.vocab import build_tokenizer, words_of
+
+DA_TINY_SINK = 4
+
+
+def da_tiny_options() -> DAOptions:
+    """The DA settings a model trained here is served with (its ``declattn.json``)."""
+    return DAOptions(
+        target=CHUNK_TOKENS, cap=CHUNK_TOKENS, sink=DA_TINY_SINK, style="inline",
+        instruction=BRIEF_INSTRUCTION,
+    )
+
+
+@dataclass(frozen=True)
+class Example:
+    """One teacher-forced sequence: inputs, the targets of its output rows, its mask."""
+
+    input_ids: list[int]
+    labels: list[int]  # -100 on prompt rows that predict prompt tokens
+    mask: Tensor  # [L, L] bool
+    layout: Layout
+    output_texts: tuple[str, ...]
+
+    @property
+    def regions(self) -> list[int]:
+        """Each input position's region (``Layout.regions``), for models that need it."""
+        return self.layout.regions(0, len(self.input_ids))
+
+
+def encode(
+    tokenizer: Any,
+    episode: Episode,
+    options: DAOptions,
+    *,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    masking: bool = True,
+    chunk_local: bool = False,
+    paragraph_chunks: bool = False,
+) -> Example:
+    """Render ``episode`` exactly as ``DASession`` would and mask it by the scope rules.
+
+    The segmenter cuts the document, as at run time, and must give back its paragraphs
+    (the target names their ids). ``paragraph_chunks`` takes the paragraphs as the
+    chunks directly instead, for a tokenizer the chunk size was not tuned for.
+    """
+    if paragraph_chunks:
+        chunks = paragraph_chunks_of(episode)
+    else:
+        chunks = segment(episode.context, token_counter(tokenizer), options.target, options.cap)
+    if len(chunks) != len(episode.paragraphs):
+        raise ValueError(
+            f"the segmenter made {len(chunks)} chunks of {len(episode.paragraphs)} paragraphs; "
+            "the chunk size does not fit this tokenizer"
+        )
+    prompt = render_prompt(
+        tokenizer, chunks, episode.question, sink=options.sink, style=options.style,
+        instruction=options.instruction,
+    )
+    out_ids = tokenizer.encode(episode.target, add_special_tokens=False)
+    texts = tuple(tokenizer.decode([i]) for i in out_ids)
+    if "".join(texts) != episode.target:
+        raise ValueError("the target transcript does not round-trip through the tokenizer")
+    ids = [*prompt.token_ids, *out_ids[:-1]]
+    p = prompt.layout.prompt_len
+    labels = [-100] * (p - 1) + list(out_ids)
+    mask = transcript_mask(
+        prompt.layout, texts, block_size=block_size, masking=masking, chunk_local=chunk_local
+    )
+    return Example(ids, labels, mask, prompt.layout, texts)
+
+
+def paragraph_chunks_of(episode: Episode) -> list[Chunk]:
+    """One chunk per paragraph, the separators going with the paragraph before them."""
+    out, at = [], 0
+    for i, text in enumerate(episode.paragraphs, 1):
+        sep = "\n\n" if i < len(episode.paragraphs) else ""
+        out.append(Chunk(i, at, at + len(text) + len(sep), text + sep, 0))
+        at += len(text) + len(sep)
+    return out
+
+
+def tiny_tokenizer(max_chunks: int = 64, seed: int = 0) -> Any:
+    """The word-level tokenizer of ``da-tiny``, as a ``transformers`` fast tokenizer.
+
+    Its vocabulary is every word of the generated tasks (all entities, numbers, filler)
+    plus every word of the DA prompt scaffold, read off real renders: a provisional
+    tokenizer renders prompts for every chunk count, and the scaffold's words join it.
+    """
+    rng = random.Random(seed)
+    episodes = [make_episode(rng, n, n > 1) for n in range(1, max_chunks + 1)]
+    words = words_of(_task_texts(episodes, max_chunks))
+    provisional = _as_hf(build_tokenizer(words))
+    options = da_tiny_options()
+    renders = [
+        render_prompt(
+            provisional,
+            segment(e.context, token_counter(provisional), options.target, options.cap),
+            e.question, sink=options.sink, style=options.style, instruction=options.instruction,
+        ).text
+        for e in episodes
+    ]
+    return _as_hf(build_tokenizer(words | words_of(renders)))
+
+
+def _task_texts(episodes: Iterable[Episode], max_chunks: int) -> list[str]:
+    from declattn.train.tasks import FILLER, N_ENTITIES, ONE_HOP, TWO_HOP, entity
+
+    names = [entity(i) for i in range(N_ENTITIES)]
+    numbers = [str(i) for i in range(max_chunks + 1)]
+    words = [*names, *numbers, *FILLER, "."]
+    return [
+        " ".join(words),  # each with a leading space ...
+        "\n".join(words),  # ... and without
+
+        ONE_HOP,
+        TWO_HOP,
+        *(e.target for e in episodes),
+        *(e.context for e in episodes),
+    ]
+
+
+def _as_hf(tok: Any) -> Any:
+    import tempfile
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from declattn.train.vocab import save_tokenizer
+
+    with tempfile.TemporaryDirectory() as d:
+        save_tokenizer(tok, Path(d))
+        return AutoTokenizer.from_pretrained(d)
