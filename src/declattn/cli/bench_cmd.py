@@ -40,6 +40,18 @@ def add_parser(sub: Any) -> None:
     dec.add_argument("--quick", action="store_true", help="small sizes: a sanity run")
     dec.add_argument("--out", default="out/bench", help="directory for the JSON and PNG")
     dec.set_defaults(func=run_decode)
+    vl = bsub.add_parser(
+        "vllm", help="decode time on vLLM (CPU build) with the DA plugin, DA vs DA-nm"
+    )
+    vl.add_argument("--model", default="smollm2-135m")
+    vl.add_argument("--context-tokens", type=int, default=None,
+                    help="document tokens (default 7000: SmolLM2 has 8,192 positions)")
+    vl.add_argument("--output-tokens", type=int, default=None,
+                    help="tokens in the forced transcript")
+    vl.add_argument("--repeats", type=int, default=None, help="runs per arm, alternating")
+    vl.add_argument("--json", action="store_true")
+    vl.add_argument("--out", default="out/bench", help="directory for the JSON")
+    vl.set_defaults(func=run_vllm)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -107,4 +119,40 @@ def run_decode(args: argparse.Namespace) -> int:
     for table in tables(result):
         out.print(table)
     out.print(f"wrote {path}" + (f" and {png}" if png else ""))
+    return 0
+
+
+def run_vllm(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from declattn.bench.vllm_decode import VllmBenchConfig, run_vllm_bench, write_result
+
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        raise UserError("bench vllm needs vLLM in this environment (docs/vllm.md)") from e
+    overrides = {
+        "model": args.model,
+        "context_tokens": args.context_tokens,
+        "output_tokens": args.output_tokens,
+        "repeats": args.repeats,
+    }
+    try:
+        cfg = VllmBenchConfig(**{k: v for k, v in overrides.items() if v is not None})
+    except ValueError as e:
+        raise UserError(str(e)) from e
+    err = console(stderr=True)
+    with user_errors():
+        result = run_vllm_bench(cfg, log=lambda msg: err.print(f"[dim]{msg}[/dim]"))
+    path = write_result(result, Path(args.out))
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    console().print(
+        f"vLLM decode, {result['prompt_tokens']:,}-token prompt, {result['output_tokens']} "
+        f"forced tokens: DA {result['da_decode_seconds']:.2f} s, DA-nm "
+        f"{result['vanilla_decode_seconds']:.2f} s, ratio {result['ratio']:.2f}x "
+        f"(median step {result['ratio_median_step']:.2f}x; blocks read "
+        f"{result['blocks_ratio']:.2f}x); {result['machine']}, {result['date']}\nwrote {path}"
+    )
     return 0

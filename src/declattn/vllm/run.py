@@ -1,0 +1,173 @@
+"""``declattn run --backend vllm``: the same request as ``declattn run``, served by vLLM.
+
+vLLM runs in this process (the offline settings of ``offline.py``), with the plugin; the
+prompt is built by ``build_request`` from the model's own tokenizer, so it is the prompt
+our engine would run. What the attention read comes from the patched builder's log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from declattn.session import DAOptions, model_da_defaults
+from declattn.vllm.offline import DEFAULT_BLOCK_SIZE, make_llm, offline_env
+from declattn.vllm.request import build_request
+from declattn.vllm.tracker import ReadRecord
+
+ARMS = ("da", "da-nm", "vanilla")
+
+
+@dataclass
+class VllmAnswer:
+    arm: str
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    reads: list[ReadRecord] = field(default_factory=list)
+    block_size: int = DEFAULT_BLOCK_SIZE
+
+    @property
+    def answer(self) -> str | None:
+        from declattn.protocol.tags import TagReader
+
+        reader = TagReader(10_000)
+        reader.feed(self.text)
+        reader.finish()
+        opened = [d for d in reader.declarations if d.kind == "answer" and d.accepted]
+        if not opened:
+            return None
+        start = opened[0].end
+        closed = [d for d in reader.declarations if d.kind == "/answer" and d.start >= start]
+        end = closed[0].start if closed else len(self.text)
+        return self.text[start:end].strip()
+
+    def blocks(self) -> tuple[int, int]:
+        """Blocks handed to the kernel, and what full reads would have been, summed."""
+        read = sum(len(r.physical) for r in self.reads)
+        full = sum(-(-r.length // self.block_size) for r in self.reads)
+        return read, full
+
+
+def run_arms(
+    model: str,
+    context: str,
+    question: str,
+    arms: tuple[str, ...] = ("da",),
+    *,
+    options: DAOptions | None = None,
+    max_tokens: int = 512,
+    dtype: str = "float32",
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    max_model_len: int | None = None,
+) -> list[VllmAnswer]:
+    """Answer with each arm, all in one vLLM batch."""
+    offline_env()
+    import torch
+
+    from declattn.engine.loader import load_model
+    from declattn.engine.registry import resolve_model
+    from declattn.protocol.prompt import render_plain
+    from declattn.vllm import link
+
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    loaded = load_model(resolve_model(model), dtype=torch_dtype, device="cpu")
+    tok = loaded.tokenizer
+    base = options or model_da_defaults(loaded.weights_dir)
+    if base.constrain is None:
+        base = dataclasses.replace(base, constrain=True)
+    del loaded.model  # vLLM loads its own copy; ours was only needed for the directory
+    prompts, params, labels = [], [], []
+    longest = 0
+    for arm in arms:
+        if arm not in ARMS:
+            raise ValueError(f"arm must be one of {ARMS}, not {arm!r}")
+        if arm == "vanilla":
+            ids = render_plain(tok, context, question)
+            from vllm import SamplingParams
+
+            sp = SamplingParams(temperature=0.0, max_tokens=max_tokens)
+        else:
+            opts = dataclasses.replace(base, masking=arm == "da")
+            req = build_request(context, question, tok, opts, label=f"cli-{arm}")
+            ids = req.prompt_token_ids
+            sp = req.sampling_params(max_tokens=max_tokens)
+        prompts.append({"prompt_token_ids": ids})
+        params.append(sp)
+        labels.append(f"cli-{arm}")
+        longest = max(longest, len(ids))
+    limit = max_model_len or max(4096, longest + max_tokens + block_size)
+    llm = make_llm(loaded.weights_dir, block_size=block_size, max_model_len=limit, dtype=dtype)
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    procs = [p for p in link.processors() if p.enabled]
+    answers = []
+    for arm, label, ids, out in zip(arms, labels, prompts, outs, strict=True):
+        o = out.outputs[0]
+        reads: list[ReadRecord] = []
+        if arm == "da" and procs:
+            reads = procs[-1].reads(label)
+        answers.append(
+            VllmAnswer(arm, o.text, list(o.token_ids), o.finish_reason,
+                       len(ids["prompt_token_ids"]), reads, block_size)
+        )
+    return answers
+
+
+def run_cli(args: Any, context: str, question: str) -> int:
+    """The ``--backend vllm`` branch of ``declattn run``."""
+    from declattn.cli.common import UserError, console
+
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        raise UserError(
+            "--backend vllm needs vLLM 0.32 in this environment (docs/vllm.md says how; "
+            "`make test` builds one in .venv-vllm)"
+        ) from e
+    arms: tuple[str, ...] = ("da",)
+    if args.vanilla:
+        arms = ("vanilla",)
+    elif args.no_mask:
+        arms = ("da-nm",)
+    elif args.compare:
+        arms = ("da", "vanilla")
+    dtype = "bfloat16" if args.dtype == "bf16" else "float32"
+    opts = DAOptions(line_start=args.line_start, constrain=None)
+    answers = run_arms(args.model, context, question, arms, options=opts,
+                       max_tokens=args.max_tokens, dtype=dtype)
+    if args.save:
+        with open(args.save, "w", encoding="utf-8") as f:
+            json.dump([_summary(a) for a in answers], f, indent=1, ensure_ascii=False)
+    if args.json:
+        print(json.dumps([_summary(a) for a in answers], indent=1, ensure_ascii=False))
+        return 0
+    out = console()
+    for a in answers:
+        out.rule(f"{a.arm} response (vLLM)")
+        out.print(a.text, markup=False, soft_wrap=True)
+        out.print(f"[bold]{a.arm} answer:[/] {a.answer or '(no <answer> block)'}  "
+                  f"[dim](finish: {a.finish_reason})[/]")
+        if a.reads:
+            read, full = a.blocks()
+            out.print(f"KV blocks handed to vLLM's kernel over {len(a.reads)} decode steps: "
+                      f"{read:,} of {full:,} ({read / full:.2f}x)")
+    return 0
+
+
+def _summary(a: VllmAnswer) -> dict[str, Any]:
+    read, full = a.blocks()
+    return {
+        "arm": a.arm,
+        "backend": "vllm",
+        "text": a.text,
+        "answer": a.answer,
+        "finish_reason": a.finish_reason,
+        "prompt_tokens": a.prompt_tokens,
+        "output_tokens": len(a.token_ids),
+        "blocks_read": read,
+        "blocks_full": full,
+        "reads": [dataclasses.asdict(r) for r in a.reads],
+    }

@@ -1,0 +1,130 @@
+"""A DA request as flat request arguments, the only form that reaches vLLM's engine core.
+
+vLLM carries per-request extras in ``SamplingParams.extra_args`` (``vllm_xargs`` over
+HTTP), whose values may be strings, numbers or flat lists of them, never nested objects.
+So the layout travels as a few integer lists; everything else is a number. Plain
+requests carry none of these keys and are never touched.
+
+No torch and no vLLM here: the front end (request builder, HTTP client) and the engine
+core (logits processor) both use this one codec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from declattn.protocol.layout import Layout, Span
+
+PROMPT_LEN = "da_prompt_len"
+SINK = "da_sink"  # [start, end]
+QUESTION = "da_question"  # [start, end]
+CHUNKS = "da_chunks"  # [start_1, end_1, start_2, end_2, ...]
+LINE_START = "da_line_start"  # 0 or 1
+MASKING = "da_masking"  # 0 (DA-nm: tags are read, nothing is skipped) or 1
+CONSTRAIN = "da_constrain"  # 0 or 1: the focus-id constraint on the logits
+FORCE = "da_force"  # token ids the response must start with (teacher forcing)
+LABEL = "da_label"  # a name for the request in the engine core's read log
+
+KEYS = (PROMPT_LEN, SINK, QUESTION, CHUNKS, LINE_START, MASKING, CONSTRAIN, FORCE, LABEL)
+
+
+class BadDAArgs(ValueError):
+    """The extra args name a DA request but do not describe a valid one."""
+
+
+@dataclass(frozen=True)
+class DASpec:
+    """What the engine core needs to run one DA request."""
+
+    layout: Layout
+    line_start: bool = False
+    masking: bool = True
+    constrain: bool = False
+    force: tuple[int, ...] = ()
+    label: str | None = None
+
+    def to_args(self) -> dict[str, Any]:
+        """Flat ``extra_args`` / ``vllm_xargs`` values."""
+        lay = self.layout
+        args: dict[str, Any] = {
+            PROMPT_LEN: lay.prompt_len,
+            SINK: [lay.sink.start, lay.sink.end],
+            QUESTION: [lay.question.start, lay.question.end],
+            CHUNKS: [x for s in lay.chunks for x in (s.start, s.end)],
+            LINE_START: int(self.line_start),
+            MASKING: int(self.masking),
+            CONSTRAIN: int(self.constrain),
+        }
+        if self.force:
+            args[FORCE] = list(self.force)
+        if self.label is not None:
+            args[LABEL] = self.label
+        return args
+
+
+def is_da(extra_args: Mapping[str, Any] | None) -> bool:
+    """Whether a request asked for DA (it names a prompt length)."""
+    return bool(extra_args) and PROMPT_LEN in extra_args
+
+
+def _ints(value: Any, name: str) -> list[int]:
+    if not isinstance(value, Sequence) or isinstance(value, str | bytes):
+        raise BadDAArgs(f"{name} must be a list of integers, got {value!r}")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, int | float) or int(v) != v:
+            raise BadDAArgs(f"{name} must hold integers, got {v!r}")
+        out.append(int(v))
+    return out
+
+
+def _pair(value: Any, name: str) -> Span:
+    xs = _ints(value, name)
+    if len(xs) != 2:
+        raise BadDAArgs(f"{name} must be [start, end], got {value!r}")
+    return Span(*xs)
+
+
+def _flag(args: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = args.get(key, default)
+    if value in (0, 1, True, False):
+        return bool(value)
+    raise BadDAArgs(f"{key} must be 0 or 1, got {value!r}")
+
+
+def parse(extra_args: Mapping[str, Any] | None) -> DASpec | None:
+    """The DA spec in a request's extra args; None for a plain request.
+
+    Raises ``BadDAArgs`` for a DA request whose layout does not hold together, so a
+    malformed request is refused at validation rather than read wrongly.
+    """
+    if not is_da(extra_args):
+        return None
+    assert extra_args is not None
+    try:
+        prompt_len = int(extra_args[PROMPT_LEN])
+        flat = _ints(extra_args.get(CHUNKS, []), CHUNKS)
+        if len(flat) % 2 or not flat:
+            raise BadDAArgs(f"{CHUNKS} must hold start, end pairs, at least one")
+        chunks = tuple(Span(flat[i], flat[i + 1]) for i in range(0, len(flat), 2))
+        layout = Layout(
+            prompt_len=prompt_len,
+            sink=_pair(extra_args.get(SINK, [0, 0]), SINK),
+            chunks=chunks,
+            question=_pair(extra_args.get(QUESTION), QUESTION),
+        )
+        label = extra_args.get(LABEL)
+        return DASpec(
+            layout=layout,
+            line_start=_flag(extra_args, LINE_START, False),
+            masking=_flag(extra_args, MASKING, True),
+            constrain=_flag(extra_args, CONSTRAIN, False),
+            force=tuple(_ints(extra_args.get(FORCE, []), FORCE)),
+            label=None if label is None else str(label),
+        )
+    except BadDAArgs:
+        raise
+    except (ValueError, TypeError, KeyError) as e:
+        raise BadDAArgs(f"bad DA request arguments: {e}") from e
