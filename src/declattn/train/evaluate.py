@@ -86,19 +86,21 @@ def run_cell(
     engine: Any, n_chunks: int, two_hop: bool, arm: str, samples: int, seed: int = 0,
     batch: int = 64,
 ) -> Cell:
-    """Greedy answers to ``samples`` fresh documents, decoded in batches by the engine."""
+    """Greedy answers to ``samples`` fresh documents, decoded in batches by the engine
+    (at most ``batch`` at once, and no more than its KV pool holds)."""
     if arm not in ARMS:
         raise ValueError(f"unknown arm {arm!r}; one of {', '.join(ARMS)}")
     eps = episodes(n_chunks, two_hop, samples, seed)
     rng = random.Random(seed)
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
-    sessions: list[tuple[Episode, DASession]] = []
-    for start in range(0, len(eps), batch):
-        group = [(e, _session(engine, e, arm, rng)) for e in eps[start : start + batch]]
-        seqs = [engine.core.add(s.prompt_ids, params, s) for _, s in group]
+    sessions = [(e, _session(engine, e, arm, rng)) for e in eps]
+    longest = max(len(s.prompt_ids) for _, s in sessions) + MAX_TOKENS
+    fits = engine.core.cache.num_free_blocks // -(-longest // engine.block_size)
+    step = max(1, min(batch, fits))
+    for start in range(0, len(sessions), step):
+        seqs = [engine.core.add(s.prompt_ids, params, s) for _, s in sessions[start : start + step]]
         while any(q.finish_reason is None for q in seqs):
             engine.core.step()
-        sessions.extend(group)
     return _score(n_chunks, two_hop, arm, sessions)
 
 
