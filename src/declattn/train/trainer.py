@@ -53,10 +53,6 @@ class Batch:
     mask: Tensor  # [B, L, L]
     regions: list[list[int]]  # per sequence, per position (``Layout.regions``)
 
-    @property
-    def n_targets(self) -> int:
-        return int((self.labels != -100).sum())
-
     def context(self, shift: int) -> TokenContext:
         """Token contexts of the flattened batch, built as the engine builds them."""
         b, n = self.input_ids.shape
