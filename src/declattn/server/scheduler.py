@@ -203,6 +203,7 @@ class Scheduler:
             try:
                 self._drop(cancels)
                 self._admit()
+                self._publish()  # reservations are visible before any event of this step
                 worked = self.core.has_work
                 if worked:
                     self._step()
@@ -291,8 +292,9 @@ class Scheduler:
         self.core.abort(seq, ERROR_REASON)
         job = self._active.pop(seq.seq_id, None)
         if job is not None:
-            job.post(Failed(error))
             self.metrics.count_failed()
+            self._publish()  # a client that sees its error sees the blocks freed
+            job.post(Failed(error))
 
     def _fail_all_active(self, error: APIError) -> None:
         for job in list(self._active.values()):
@@ -339,6 +341,7 @@ class Scheduler:
         decls = None
         if job.prepared.strip_tags and hasattr(sess, "declarations"):
             decls = [d.to_dict() for d in sess.declarations]
+        self._publish()  # a client that sees its answer sees the blocks freed
         job.post(Finished(_OPENAI_REASON.get(reason, "stop"), reason, usage, decls))
 
     def _publish(self) -> None:
