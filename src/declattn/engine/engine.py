@@ -293,9 +293,7 @@ class PagedEngine:
             ids = [*seq.prompt_ids, *seq.output_ids][lo : positions.stop]
             shift = config.token_shift
             parts.append(token_context(ids, regions, positions, shift, lo, self.device))
-        return TokenContext(
-            torch.cat([c.previous for c in parts]), torch.cat([c.segments for c in parts])
-        )
+        return TokenContext.cat(parts)
 
     def _harvest(self, step: int, seq: Sequence_, st: SeqStep, elapsed: float) -> StepRead:
         per_layer = [

@@ -60,9 +60,7 @@ class Batch:
             token_context(self.input_ids[i].tolist(), self.regions[i], range(n), shift)
             for i in range(b)
         ]
-        return TokenContext(
-            torch.cat([c.previous for c in parts]), torch.cat([c.segments for c in parts])
-        )
+        return TokenContext.cat(parts)
 
 
 PAD_REGION = -3

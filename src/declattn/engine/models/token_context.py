@@ -23,6 +23,13 @@ class TokenContext:
     previous: Tensor  # [T, shift] ids of the previous tokens, -1 across a region boundary
     segments: Tensor  # [T] chunk id of each token (0 outside chunks)
 
+    @staticmethod
+    def cat(parts: Sequence[TokenContext]) -> TokenContext:
+        """The contexts of several sequences, in batch order (as their tokens are)."""
+        return TokenContext(
+            torch.cat([c.previous for c in parts]), torch.cat([c.segments for c in parts])
+        )
+
 
 def token_context(
     ids: Sequence[int],
