@@ -27,3 +27,42 @@ def test_a_prompt_that_does_not_fit_is_an_error_row(tiny_engine, tmp_path):
     assert read_rows(out) == [json.loads(json.dumps(r)) for r in rows]
     s = summarize(rows)
     assert s.n == 0 and s.errors == 3 and s.accuracy is None
+
+
+class _NoEngine:
+    """A finished run must be judged without touching the model."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the engine was used ({name})")
+
+
+def test_a_judge_added_to_a_finished_run_judges_it_without_the_model(tiny_engine, tmp_path):
+    import httpx
+
+    from declattn.eval.judge import Judge
+
+    spec = EvalSpec(
+        "tiny", ["niah_single_noise"], [1024], parse_arms("da,vanilla"), 1,
+        settings=ArmSettings(max_tokens=8, chunk_target=256, chunk_cap=320),
+    )
+    out = tmp_path / "results.jsonl"
+    first = run_eval(tiny_engine, spec, out, machine={})
+    assert all("judge" not in r for r in first)
+    asked = []
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        asked.append(json.loads(request.content)["messages"][0]["content"])
+        return httpx.Response(200, json={"choices": [{"message": {"content": "NO"}}]})
+
+    judge = Judge("http://judge.local/v1", "grader", transport=httpx.MockTransport(reply))
+    again = run_eval(_NoEngine(), spec, out, machine={}, judge=judge)
+    answered = [r for r in first if r["output"]["answer"]]
+    assert len(asked) == len(answered)
+    assert all(first[0]["header"]["question"] in text for text in asked)
+    assert [r["judge"]["verdict"] for r in again] == [False, False]
+    assert read_rows(out) == [json.loads(json.dumps(r)) for r in again]  # the file too
+    run_eval(_NoEngine(), spec, out, machine={}, judge=judge)
+    assert len(asked) == len(answered)  # judged once
+    from declattn.eval.report import markdown_table
+
+    assert "| judge |" in markdown_table(again) and "| judge |" not in markdown_table(first)

@@ -26,7 +26,7 @@ def chunked(samples, task_data):
 @pytest.mark.parametrize("name", list(TASKS))
 def test_rendered_length_is_the_requested_one(name, samples, smol_tokenizer, task_data):
     s = samples[name]
-    prompt = render_plain(smol_tokenizer, s.context, s.question)
+    prompt = render_plain(smol_tokenizer, s.context, s.prompt_question(da=False))
     assert abs(len(prompt) - LENGTH) <= 0.05 * LENGTH
     assert abs(task_data.count(s.context) - LENGTH) <= 0.05 * LENGTH
 
@@ -104,3 +104,13 @@ def test_task_names_and_families_resolve():
     assert set(FAMILIES) == {"niah", "vt", "aggregation", "qa", "twohop", "planted"}
     with pytest.raises(ValueError, match="unknown task"):
         resolve_tasks("needle")
+
+
+@pytest.mark.parametrize("name", list(TASKS))
+def test_answer_format_goes_to_ordinary_prompts_only(name, samples):
+    s = samples[name]
+    assert s.prompt_question(da=True) == s.question
+    plain = s.prompt_question(da=False)
+    assert plain.startswith(s.question)
+    if s.answer_format:
+        assert plain.endswith(s.answer_format) and s.answer_format not in s.question

@@ -81,6 +81,9 @@ def summary_table(
         "wall s",
     ]
     cols = short if compact else full
+    judged = any(s.judge is not None for *_, s in sums)
+    if judged:
+        cols = [*cols[: cols.index("acc") + 1], "judge", *cols[cols.index("acc") + 1 :]]
     labels = _SHORT_LABELS if compact else {}
     for c in cols:
         t.add_column(
@@ -93,6 +96,7 @@ def summary_table(
             "arm": arm,
             "n": f"{s.n}" + (f"+{s.errors}err" if s.errors else ""),
             "acc": _pct(s.accuracy),
+            "judge": _pct(s.judge),
             **{f: _pct(s.by_family.get(f)) for f in families},
             "EM": _pct(s.exact_match),
             "F1": _pct(s.f1),
@@ -121,6 +125,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     """The headline columns as a Markdown table, for notes and READMEs."""
     sums = summaries(rows)
     families = sorted({f for *_, s in sums for f in s.by_family})
+    judged = any(s.judge is not None for *_, s in sums)
     head = [
         "model",
         "length",
@@ -128,6 +133,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         "n",
         "acc (macro)",
         "acc if format ignored",
+        *(["judge"] if judged else []),
         *families,
         "attended/step",
         "saving",
@@ -146,6 +152,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             str(s.n),
             _pct(s.accuracy),
             _pct(s.lenient_accuracy),
+            *([_pct(s.judge)] if judged else []),
             *[_pct(s.by_family.get(f)) for f in families],
             _num(s.per_step),
             _pct(s.saving),

@@ -9,12 +9,12 @@ budget from that sample's ``da`` row, whether it was written in this run or befo
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from declattn.eval.arms import ArmRunner, ArmSettings, PromptTooLong, budget_from_da
+from declattn.eval.arms import DA_ARMS, ArmRunner, ArmSettings, PromptTooLong, budget_from_da
 from declattn.eval.judge import Judge
 from declattn.eval.rows import build_row, error_row, row_key, sample_chunks
 from declattn.eval.tasks import TaskData, generate
@@ -80,12 +80,14 @@ def run_eval(
     data: TaskData | None = None
     runner: ArmRunner | None = None
     rows: list[dict[str, Any]] = []
+    rejudged = False
     status = on_status or (lambda _text: None)
     with out.open("a", encoding="utf-8") as f:
         for task, length, index in spec.units():
             keys = {a: row_key(spec.model, task, length, index, a) for a in spec.arms}
             if all(k in done for k in keys.values()):
                 for arm in spec.arms:
+                    rejudged |= _judge_row(judge, done[keys[arm]])
                     rows.append(done[keys[arm]])
                     if on_row:
                         on_row(done[keys[arm]], True)
@@ -101,6 +103,7 @@ def run_eval(
                 if key in done:
                     row = done[key]
                     _check_same_sample(row, sample)
+                    rejudged |= _judge_row(judge, row)
                     rows.append(row)
                     if on_row:
                         on_row(row, True)
@@ -109,8 +112,7 @@ def run_eval(
                 row = _run_one(engine, runner, spec, sample, index, arm, done, chunks, machine)
                 if "chunks" in row and chunks is None:
                     chunks = _chunks_of(row, sample)
-                if judge is not None and "error" not in row:
-                    row["judge"] = judge(sample.question, sample.answers, row["output"]["answer"])
+                _judge_row(judge, row)
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
                 f.flush()
                 done[key] = row
@@ -118,7 +120,30 @@ def run_eval(
                 if on_row:
                     on_row(row, False)
             runner.forget()
+    if rejudged:
+        _rewrite(out, done.values())
     return rows
+
+
+def _judge_row(judge: Judge | None, row: dict[str, Any]) -> bool:
+    """Ask the judge about a row it has not seen; True when it was asked.
+
+    A resumed row is judged too, so adding ``--judge-url`` to a finished run judges it
+    without running the model again."""
+    if judge is None or "error" in row or row.get("judge"):
+        return False
+    h = row["header"]
+    row["judge"] = judge(h["question"], h["answers"], row["output"]["answer"])
+    return True
+
+
+def _rewrite(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    """Replace the results file at once, so an interruption leaves the old one whole."""
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(path)
 
 
 def _run_one(
@@ -141,7 +166,7 @@ def _run_one(
             return error_row(spec.model, sample, index, arm, f"no budget: {why}", machine)
         budget, mean = budget_from_da(da, spec.settings.sink)
     try:
-        run = runner.run(arm, sample.context, sample.question, budget)
+        run = runner.run(arm, sample.context, sample.prompt_question(arm in DA_ARMS), budget)
     except PromptTooLong as e:
         return error_row(spec.model, sample, index, arm, str(e), machine)
     s = spec.settings

@@ -40,6 +40,12 @@ class Sample:
     scoring: str = "match_all"
     forbidden: tuple[str, ...] = ()
     meta: dict[str, Any] = field(default_factory=dict)
+    answer_format: str = ""
+    """RULER's answer-format order ("Answer with the number only."), for ordinary prompts.
+
+    A DA prompt does not get it: its instruction orders its own format (tags, then
+    ``<answer>``), and small models obey a trailing format order over the instruction,
+    writing no tags at all, which would measure the suffix rather than DA."""
 
     def __post_init__(self) -> None:
         if self.scoring not in SCORINGS:
@@ -49,6 +55,12 @@ class Sample:
         for a, b in self.evidence:
             if not 0 <= a < b <= len(self.context):
                 raise ValueError(f"{self.task}: evidence span [{a}, {b}) outside the context")
+
+    def prompt_question(self, da: bool) -> str:
+        """The question as an arm asks it: with the answer format unless the prompt is DA."""
+        if da or not self.answer_format:
+            return self.question
+        return f"{self.question} {self.answer_format}"
 
     @property
     def context_sha256(self) -> str:

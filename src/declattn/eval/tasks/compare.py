@@ -74,8 +74,8 @@ def compare_two_facts(data: TaskData, length: int, seed: int) -> Sample:
     winner, loser = (a, b) if (na > nb) == kind.more_wins else (b, a)
     first, second = rng.uniform(0.1, 0.35), rng.uniform(0.65, 0.9)
     at = [first, second] if rng.random() < 0.5 else [second, first]
-    question = kind.question.format(a=a, b=b) + " Answer with the name only."
-    target = context_target(data.count, length, question)
+    question, answer_format = kind.question.format(a=a, b=b), "Answer with the name only."
+    target = context_target(data.count, length, f"{question} {answer_format}")
     built = haystack(data, rng, target, facts, at, "essay")
     return Sample(
         task=task,
@@ -89,4 +89,5 @@ def compare_two_facts(data: TaskData, length: int, seed: int) -> Sample:
         scoring="choice",
         forbidden=(loser,),
         meta={"facts": facts, "values": {a: na, b: nb}},
+        answer_format=answer_format,
     )

@@ -66,13 +66,14 @@ def _sample(
     values: list[str],
     asked: list[int],
     question: str,
+    answer_format: str = "",
 ) -> Sample:
     """Needles ``keys[i] -> values[i]``; the answer is the values of needles ``asked``."""
     rng = random.Random(f"{task}/{seed}/layout")
     needles = [_needle(k, v, kind) for k, v in zip(keys, values, strict=True)]
     at = depths(rng, len(needles))
     rng.shuffle(at)
-    target = context_target(data.count, length, question)
+    target = context_target(data.count, length, f"{question} {answer_format}")
     built = haystack(data, rng, target, needles, at, filler)
     return Sample(
         task=task,
@@ -84,15 +85,22 @@ def _sample(
         answers=tuple(values[i] for i in asked),
         evidence=tuple(built.spans[i] for i in asked),
         meta={"filler": filler, "value_kind": kind, "keys": keys, "values": values},
+        answer_format=answer_format,
     )
 
 
-def _ask_one(key: str, kind: str) -> str:
+def _ask_one(key: str, kind: str) -> tuple[str, str]:
+    """The question and its answer-format order."""
     noun = "UUID" if kind == "uuid" else "number"
     return (
-        f"What is the special magic {noun} for {key} mentioned in the provided text? "
-        f"Answer with the {noun} only."
+        f"What is the special magic {noun} for {key} mentioned in the provided text?",
+        f"Answer with the {noun} only.",
     )
+
+
+def _asked(key: str, kind: str) -> dict[str, str]:
+    question, answer_format = _ask_one(key, kind)
+    return {"question": question, "answer_format": answer_format}
 
 
 def single(task: str, filler: str, kind: str):
@@ -111,7 +119,7 @@ def single(task: str, filler: str, kind: str):
             keys=[key],
             values=[value],
             asked=[0],
-            question=_ask_one(key, kind),
+            **_asked(key, kind),
         )
 
     return generate
@@ -133,7 +141,7 @@ def multikey(data: TaskData, length: int, seed: int) -> Sample:
         keys=keys,
         values=values,
         asked=[0],
-        question=_ask_one(keys[0], "number"),
+        **_asked(keys[0], "number"),
     )
 
 

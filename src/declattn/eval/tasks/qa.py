@@ -116,8 +116,8 @@ def squad(data: TaskData, length: int, seed: int) -> Sample:
         for i in order:
             yield _passage(paras[i]["title"], paras[i]["context"])
 
-    full_q = f"{question} Answer with a short phrase from the passages."
-    target = context_target(data.count, length, full_q)
+    answer_format = "Answer with a short phrase from the passages."
+    target = context_target(data.count, length, f"{question} {answer_format}")
     built = _with_distractors(data, rng, target, [gold_text], distractors())
     return Sample(
         task=task,
@@ -125,11 +125,12 @@ def squad(data: TaskData, length: int, seed: int) -> Sample:
         length=length,
         seed=seed,
         context=built.context,
-        question=full_q,
+        question=question,
         answers=tuple(answers),
         evidence=built.spans,
         scoring="qa",
-        meta={"title": gold["title"], "raw_question": question},
+        meta={"title": gold["title"]},
+        answer_format=answer_format,
     )
 
 
@@ -162,8 +163,8 @@ def hotpot(data: TaskData, length: int, seed: int) -> Sample:
                 if t not in gold_titles:
                     yield _passage(t, "".join(s))
 
-    full_q = f"{entry['question']} Answer with a short phrase."
-    target = context_target(data.count, length, full_q)
+    answer_format = "Answer with a short phrase."
+    target = context_target(data.count, length, f"{entry['question']} {answer_format}")
     built = _with_distractors(data, rng, target, golds, distractors())
     return Sample(
         task=task,
@@ -171,9 +172,10 @@ def hotpot(data: TaskData, length: int, seed: int) -> Sample:
         length=length,
         seed=seed,
         context=built.context,
-        question=full_q,
+        question=entry["question"],
         answers=(entry["answer"].strip(),),
         evidence=built.spans,
         scoring="qa",
-        meta={"id": entry["_id"], "titles": gold_titles, "raw_question": entry["question"]},
+        meta={"id": entry["_id"], "titles": gold_titles},
+        answer_format=answer_format,
     )

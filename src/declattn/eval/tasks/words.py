@@ -51,11 +51,9 @@ def common_words(data: TaskData, length: int, seed: int) -> Sample:
     """A numbered word list: ten words repeated often, the others a few times each."""
     task = "cwe"
     rng = random.Random(f"{task}/{seed}")
-    question = (
-        f"What are the {COMMON} most common words in the numbered list above? "
-        f"Answer with the {COMMON} words."
-    )
-    target = context_target(data.count, length, question)
+    question = f"What are the {COMMON} most common words in the numbered list above?"
+    answer_format = f"Answer with the {COMMON} words."
+    target = context_target(data.count, length, f"{question} {answer_format}")
     pool = pick_words(rng, data.words, min(len(data.words), 12000))
     common, rare_pool = pool[:COMMON], pool[COMMON:]
     order_seed = rng.random()
@@ -78,6 +76,7 @@ def common_words(data: TaskData, length: int, seed: int) -> Sample:
         answers=tuple(common),
         evidence=(),
         meta={"common_repeats": COMMON_REPEATS, "rare_repeats": RARE_REPEATS},
+        answer_format=answer_format,
     )
 
 
@@ -96,11 +95,9 @@ def frequent_words(data: TaskData, length: int, seed: int) -> Sample:
     """Coded words drawn with Zipf frequencies; the answer is the three most frequent."""
     task = "fwe"
     rng = random.Random(f"{task}/{seed}")
-    question = (
-        f"What are the {FREQUENT} most frequently appearing coded words in the text above? "
-        f"Answer with the {FREQUENT} words."
-    )
-    target = context_target(data.count, length, question)
+    question = f"What are the {FREQUENT} most frequently appearing coded words in the text above?"
+    answer_format = f"Answer with the {FREQUENT} words."
+    target = context_target(data.count, length, f"{question} {answer_format}")
     vocab = _coded_vocab(rng, CODED_VOCAB)
     weights = [(k + 1) ** -ZIPF_ALPHA for k in range(len(vocab))]
     norm = sum(weights)
@@ -127,4 +124,5 @@ def frequent_words(data: TaskData, length: int, seed: int) -> Sample:
         answers=tuple(vocab[:FREQUENT]),
         evidence=(),
         meta={"alpha": ZIPF_ALPHA, "top_counts": counts},
+        answer_format=answer_format,
     )
