@@ -26,7 +26,6 @@ from declattn.session import DAOptions
 
 DEFAULT_TEMPERATURE = 1.0
 """OpenAI's default when a request names none; send ``temperature: 0`` for greedy."""
-DEFAULT_CHUNK_TOKENS = DAOptions().target
 CAP_RATIO = DAOptions().cap / DAOptions().target
 GREEDY_BELOW = 1e-4
 COMPLETION_DEFAULT_MAX_TOKENS = 16
@@ -180,15 +179,18 @@ def _params(req: Any, max_tokens: int) -> SamplingParams:
 
 
 # -- DA ------------------------------------------------------------------------------
-def da_options(da: DARequest) -> DAOptions:
-    """The extension's options as ``DAOptions``; inconsistent ones are a 400."""
+def da_options(da: DARequest, defaults: DAOptions | None = None) -> DAOptions:
+    """The extension's options over the model's own DA defaults (its ``declattn.json``:
+    chunk size, sink, prompt style and instruction of a model trained to declare);
+    inconsistent ones are a 400."""
+    base = defaults or DAOptions()
     target = da.chunk_tokens
     cap = da.chunk_cap
     if target is None and cap is None:
-        target, cap = DEFAULT_CHUNK_TOKENS, DAOptions().cap
+        target, cap = base.target, base.cap
     elif target is None:
         assert cap is not None
-        target = min(DEFAULT_CHUNK_TOKENS, cap)
+        target = min(base.target, cap)
     elif cap is None:
         cap = max(target, math.ceil(target * CAP_RATIO))
     if cap < target:
@@ -197,8 +199,8 @@ def da_options(da: DARequest) -> DAOptions:
             param="declarative_attention.chunk_cap",
             code="invalid_da_options",
         )
-    options = DAOptions(target=target, cap=cap, line_start=da.line_start, masking=da.masking)
-    if da.constrain is not None and "constrain" in DAOptions.__dataclass_fields__:
+    options = replace(base, target=target, cap=cap, line_start=da.line_start, masking=da.masking)
+    if da.constrain is not None:
         options = replace(options, constrain=da.constrain)
     return options
 
@@ -235,7 +237,7 @@ def _question(messages: list[dict[str, str]]) -> str:
 def _prepare_da(engine: Any, req: ChatCompletionRequest, limits: Limits) -> Prepared:
     da = req.declarative_attention
     assert da is not None
-    options = da_options(da)
+    options = da_options(da, getattr(engine, "da_defaults", None))
     context = da_context(da)
     question = _question(_messages(req))
     requested = req.max_completion_tokens or req.max_tokens
