@@ -64,22 +64,30 @@ def run_train(args: argparse.Namespace) -> int:
     con.print(f"wrote {out} (final loss {log[-1]['loss']}, {log[-1]['seconds']} s)")
     if args.no_gate:
         return 0
-    cell = _gate(out, spec)
+    from declattn.api import Engine
+    from declattn.train.evaluate import run_cell
+    from declattn.train.roles import role_report
+
+    engine = Engine.from_pretrained(out, dtype="fp32")
+    cell = run_cell(engine, spec.max_chunks, False, "da", spec.gate_samples, seed=spec.seed + 1)
     con.print(f"gate: 1-hop, {spec.max_chunks} chunks, DA: {cell.correct}/{cell.samples}")
     if cell.accuracy < spec.gate_accuracy:
+        roles = role_report(engine.loaded.model, engine.tokenizer, spec.max_chunks)
+        con.print(_roles_table(roles, spec.max_chunks))
         raise UserError(
             f"the lookup did not form: accuracy {cell.accuracy:.0%} < {spec.gate_accuracy:.0%} "
-            f"(the model in {out} only learned the format)"
+            f"(the model in {out} is not shipped; the table shows what it did learn)"
         )
     return 0
 
 
-def _gate(out: Path, spec: Any) -> Any:
-    from declattn.api import Engine
-    from declattn.train.evaluate import run_cell
-
-    engine = Engine.from_pretrained(out, dtype="fp32")
-    return run_cell(engine, spec.max_chunks, False, "da", spec.gate_samples, seed=spec.seed + 1)
+def _roles_table(roles: list[Any], n_chunks: int) -> Table:
+    t = Table(title=f"teacher forced, 1-hop, {n_chunks} chunks: what each reply token needs")
+    for col in ("role", "tokens", "accuracy", "loss (nats)"):
+        t.add_column(col, justify="left" if col == "role" else "right")
+    for r in roles:
+        t.add_row(r.role, str(r.tokens), f"{r.accuracy:.1%}", f"{r.loss:.3f}")
+    return t
 
 
 def run_eval(args: argparse.Namespace) -> int:
@@ -100,6 +108,10 @@ def run_eval(args: argparse.Namespace) -> int:
             status.update(f"{'2' if two else '1'}-hop, {n} chunks, {arm}")
             cells.append(run_cell(engine, n, two, arm, args.samples, seed=args.seed))
     con.print(_table(cells, args))
+    from declattn.train.roles import role_report
+
+    roles = role_report(engine.loaded.model, engine.tokenizer, 16, seed=args.seed)
+    con.print(_roles_table(roles, 16))
     con.print(f"{time.perf_counter() - t0:.0f} s; seed {args.seed}; fp32; greedy")
     if args.json:
         rows = [{**c.__dict__, "accuracy": c.accuracy} for c in cells]
