@@ -236,6 +236,8 @@ def _command_line(args: argparse.Namespace) -> str:
         "chunk_target",
         "chunk_cap",
         "dtype",
+        "judge_url",
+        "judge_model",
         "out",
     ):
         value = getattr(args, flag)

@@ -37,18 +37,21 @@ class TinySpec:
     """Everything a da-tiny run depends on; written next to the weights."""
 
     seed: int = 0
-    steps: int = 1500
-    batch: int = 24
+    steps: int = 900
+    batch: int = 16
     max_chunks: int = 16
-    curriculum: float = 0.5  # share of steps over which the chunk count grows to max
+    hold_chunks: int = 4  # documents of at most this many chunks while the lookup forms
+    hold: float = 0.35  # share of steps held there
+    curriculum: float = 0.7  # share of steps by which the chunk count has grown to max
     two_hop: float = 0.25
-    questions: int = 1  # questions (turns) per training sequence, on one document
-    lr: float = 5e-3
+    questions: int = 8  # questions (turns) per training sequence, on one document
+    lr: float = 2e-3
     hidden: int = 128
     layers: int = 4
     heads: int = 4
     intermediate: int = 512
     aids: bool = True  # token shift and chunk-segment embeddings (declattn_tiny family)
+    aid_init_std: float = 0.088  # ~1/sqrt(hidden): the aids speak up from the first step
     max_chunk_id: int = 64  # the largest chunk id with its own segment embedding
     long_every: int = 8  # after the curriculum, every n-th batch has up to max_chunk_id
     gate_samples: int = 100
@@ -85,12 +88,18 @@ def hf_config(spec: TinySpec, vocab_size: int, eos_id: int) -> dict[str, Any]:
     }
 
 
-def new_model(config: dict[str, Any], seed: int) -> Decoder:
+def new_model(config: dict[str, Any], seed: int, aid_init_std: float = 0.02) -> Decoder:
+    """Weights at std 0.02, the aids' (token shift, chunk segments) at ``aid_init_std``.
+
+    At 0.02 the aids add a signal a quarter the size of the token's own embedding, and
+    the value lookup never formed in 900 steps; at ~1/sqrt(hidden) it formed within 400
+    (see docs/training.md)."""
     torch.manual_seed(seed)
     model = Decoder(ModelConfig.from_hf(config))
     for name, p in model.named_parameters():
         if p.dim() >= 2:
-            torch.nn.init.normal_(p, std=0.02)
+            aid = name.startswith(("shift.", "segment_embed."))
+            torch.nn.init.normal_(p, std=aid_init_std if aid else 0.02)
         elif "norm" in name:
             torch.nn.init.ones_(p)
     return model
@@ -105,8 +114,15 @@ class Curriculum:
         self.rng = random.Random(spec.seed)
 
     def max_chunks(self, step: int) -> int:
-        grow = max(1, int(self.spec.steps * self.spec.curriculum))
-        return min(self.spec.max_chunks, 2 + (self.spec.max_chunks - 2) * step // grow)
+        """``hold_chunks`` for the first ``hold`` of the run, then linear growth to
+        ``max_chunks`` at ``curriculum``: lookups form on short documents first."""
+        s = self.spec
+        held, grown = int(s.steps * s.hold), int(s.steps * s.curriculum)
+        if step < held:
+            return min(s.hold_chunks, s.max_chunks)
+        span = max(1, grown - held)
+        extra = (s.max_chunks - s.hold_chunks) * (step - held) // span
+        return max(1, min(s.max_chunks, s.hold_chunks + extra))
 
     def example(self, n_chunks: int) -> Example:
         kinds = [n_chunks >= 2 and self.rng.random() < self.spec.two_hop]
@@ -161,7 +177,7 @@ def train_da_tiny(
     torch.manual_seed(spec.seed)
     tokenizer = tiny_tokenizer(seed=spec.seed)
     config = hf_config(spec, len(tokenizer), tokenizer.eos_token_id)
-    model = new_model(config, spec.seed)
+    model = new_model(config, spec.seed, spec.aid_init_std if spec.aids else 0.02)
     log: list[dict[str, float]] = []
     t0 = time.perf_counter()
     recipe = Recipe(steps=spec.steps, lr=spec.lr)
