@@ -5,9 +5,10 @@ A pre-norm Llama (4 layers, d=128, tied embeddings, a word-level vocabulary of a
 embeddings, see ``engine/models/token_context.py``): without them a plain model of this
 size stayed on a loss plateau for the whole CPU budget. Only our engine runs the family;
 ``TinySpec(aids=False)`` trains a plain Llama that ``transformers`` and vLLM also load.
-Training follows a curriculum on the chunk count (2 -> ``max_chunks``) with a share of
-2-hop questions, and ends with a gate: 1-hop accuracy on fresh documents, decoded by the real engine
-with DA masking from the model's own tags. A run that misses the gate fails loudly
+Training holds documents short (at most ``hold_chunks`` chunks) while the lookups form,
+then grows the chunk count to ``max_chunks``, with a share of 2-hop questions, and
+ends with a gate: 1-hop accuracy on fresh documents, decoded by the real engine with DA
+masking from the model's own tags. A run that misses the gate fails loudly
 rather than writing a model that only learned the format.
 """
 
