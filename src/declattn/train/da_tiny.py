@@ -38,12 +38,12 @@ class TinySpec:
     """Everything a da-tiny run depends on; written next to the weights."""
 
     seed: int = 0
-    steps: int = 900
+    steps: int = 1300
     batch: int = 16
     max_chunks: int = 16
-    hold_chunks: int = 4  # documents of at most this many chunks while the lookup forms
-    hold: float = 0.35  # share of steps held there
-    curriculum: float = 0.7  # share of steps by which the chunk count has grown to max
+    hold_chunks: int = 3  # documents of at most this many chunks while the lookups form
+    hold: float = 0.6  # share of steps held there (the chunk id formed at ~700-800)
+    curriculum: float = 0.85  # share of steps by which the chunk count has grown to max
     two_hop: float = 0.25
     questions: int = 8  # questions (turns) per training sequence, on one document
     lr: float = 2e-3
