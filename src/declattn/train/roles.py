@@ -69,21 +69,23 @@ def role_report(
     from declattn.train.data import da_tiny_options, encode
     from declattn.train.evaluate import EVAL_SEED_BASE
     from declattn.train.tasks import make_episode
-    from declattn.train.trainer import collate, hidden_states
 
     rng = random.Random(EVAL_SEED_BASE + 17 * seed + n_chunks)
     examples = [
         encode(tokenizer, make_episode(rng, n_chunks, two_hop), da_tiny_options())
         for _ in range(samples)
     ]
-    batch = collate(examples, tokenizer.pad_token_id)
+    return score_roles(model, examples, tokenizer.pad_token_id)
+
+
+def score_roles(model: Any, examples: Sequence[Any], pad_id: int) -> list[RoleScore]:
+    """Accuracy and loss per role over ``examples`` (``train.data.Example``), one batch."""
+    from declattn.train.trainer import collate, output_logits
+
     with torch.no_grad():
-        hidden = hidden_states(model, batch)
-        labels = batch.labels.flatten()
-        rows = labels != -100
-        logits = model.logits(hidden[rows])
-        loss = F.cross_entropy(logits, labels[rows], reduction="none")
-        right = logits.argmax(-1) == labels[rows]
+        logits, targets = output_logits(model, collate(examples, pad_id))
+        loss = F.cross_entropy(logits, targets, reduction="none")
+        right = logits.argmax(-1) == targets
     roles = [r for e in examples for r in reply_roles(e.output_texts)]
     out = []
     for role in ROLES:

@@ -92,13 +92,18 @@ def hidden_states(model: Decoder, batch: Batch) -> Tensor:
     return model(batch.input_ids.flatten(), positions, MaskedAttention(batch.mask), context)
 
 
-def loss_of(model: Decoder, batch: Batch) -> Tensor:
-    """Mean cross-entropy over the batch's output tokens."""
+def output_logits(model: Decoder, batch: Batch) -> tuple[Tensor, Tensor]:
+    """Logits and targets of the batch's output tokens, in batch order."""
     hidden = hidden_states(model, batch)
     labels = batch.labels.flatten()
     rows = labels != -100
-    logits = model.logits(hidden[rows])
-    return F.cross_entropy(logits, labels[rows])
+    return model.logits(hidden[rows]), labels[rows]
+
+
+def loss_of(model: Decoder, batch: Batch) -> Tensor:
+    """Mean cross-entropy over the batch's output tokens."""
+    logits, targets = output_logits(model, batch)
+    return F.cross_entropy(logits, targets)
 
 
 @dataclass(frozen=True)
