@@ -58,9 +58,7 @@ class Sample:
 
     def prompt_question(self, da: bool) -> str:
         """The question as an arm asks it: with the answer format unless the prompt is DA."""
-        if da or not self.answer_format:
-            return self.question
-        return f"{self.question} {self.answer_format}"
+        return self.question if da else plain_question(self.question, self.answer_format)
 
     @property
     def context_sha256(self) -> str:
@@ -80,6 +78,11 @@ class Sample:
         d["context_chars"] = len(self.context)
         d["context_sha256"] = self.context_sha256
         return d
+
+
+def plain_question(question: str, answer_format: str) -> str:
+    """The question of an ordinary prompt: the question, then its answer-format order."""
+    return f"{question} {answer_format}" if answer_format else question
 
 
 def span_chunks(chunks: Sequence[Chunk], start: int, end: int) -> tuple[int, ...]:

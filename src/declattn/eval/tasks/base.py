@@ -19,6 +19,7 @@ from functools import cached_property
 from typing import Any
 
 from declattn.corpus import essays, ruler_data_file
+from declattn.eval.sample import plain_question
 
 FIT_TOLERANCE = 0.02
 """A built context may miss its token target by this fraction before it is rebuilt."""
@@ -193,9 +194,11 @@ def fit(count: TokenCounter, target: int, make: Callable[[int], Built]) -> Built
     return built
 
 
-def context_target(count: TokenCounter, length: int, question: str) -> int:
+def context_target(
+    count: TokenCounter, length: int, question: str, answer_format: str = ""
+) -> int:
     """Context tokens for a sample whose ordinary prompt should be ``length`` tokens."""
-    target = length - count(question) - PLAIN_SCAFFOLD
+    target = length - count(plain_question(question, answer_format)) - PLAIN_SCAFFOLD
     if target < 64:
         raise ValueError(f"a length of {length} tokens leaves no room for a context")
     return target

@@ -75,7 +75,7 @@ def compare_two_facts(data: TaskData, length: int, seed: int) -> Sample:
     first, second = rng.uniform(0.1, 0.35), rng.uniform(0.65, 0.9)
     at = [first, second] if rng.random() < 0.5 else [second, first]
     question, answer_format = kind.question.format(a=a, b=b), "Answer with the name only."
-    target = context_target(data.count, length, f"{question} {answer_format}")
+    target = context_target(data.count, length, question, answer_format)
     built = haystack(data, rng, target, facts, at, "essay")
     return Sample(
         task=task,

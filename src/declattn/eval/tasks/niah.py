@@ -73,7 +73,7 @@ def _sample(
     needles = [_needle(k, v, kind) for k, v in zip(keys, values, strict=True)]
     at = depths(rng, len(needles))
     rng.shuffle(at)
-    target = context_target(data.count, length, f"{question} {answer_format}")
+    target = context_target(data.count, length, question, answer_format)
     built = haystack(data, rng, target, needles, at, filler)
     return Sample(
         task=task,

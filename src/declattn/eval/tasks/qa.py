@@ -117,7 +117,7 @@ def squad(data: TaskData, length: int, seed: int) -> Sample:
             yield _passage(paras[i]["title"], paras[i]["context"])
 
     answer_format = "Answer with a short phrase from the passages."
-    target = context_target(data.count, length, f"{question} {answer_format}")
+    target = context_target(data.count, length, question, answer_format)
     built = _with_distractors(data, rng, target, [gold_text], distractors())
     return Sample(
         task=task,
@@ -164,7 +164,7 @@ def hotpot(data: TaskData, length: int, seed: int) -> Sample:
                     yield _passage(t, "".join(s))
 
     answer_format = "Answer with a short phrase."
-    target = context_target(data.count, length, f"{entry['question']} {answer_format}")
+    target = context_target(data.count, length, entry["question"], answer_format)
     built = _with_distractors(data, rng, target, golds, distractors())
     return Sample(
         task=task,

@@ -53,7 +53,7 @@ def common_words(data: TaskData, length: int, seed: int) -> Sample:
     rng = random.Random(f"{task}/{seed}")
     question = f"What are the {COMMON} most common words in the numbered list above?"
     answer_format = f"Answer with the {COMMON} words."
-    target = context_target(data.count, length, f"{question} {answer_format}")
+    target = context_target(data.count, length, question, answer_format)
     pool = pick_words(rng, data.words, min(len(data.words), 12000))
     common, rare_pool = pool[:COMMON], pool[COMMON:]
     order_seed = rng.random()
@@ -97,7 +97,7 @@ def frequent_words(data: TaskData, length: int, seed: int) -> Sample:
     rng = random.Random(f"{task}/{seed}")
     question = f"What are the {FREQUENT} most frequently appearing coded words in the text above?"
     answer_format = f"Answer with the {FREQUENT} words."
-    target = context_target(data.count, length, f"{question} {answer_format}")
+    target = context_target(data.count, length, question, answer_format)
     vocab = _coded_vocab(rng, CODED_VOCAB)
     weights = [(k + 1) ** -ZIPF_ALPHA for k in range(len(vocab))]
     norm = sum(weights)
