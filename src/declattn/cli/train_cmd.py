@@ -94,6 +94,7 @@ def run_eval(args: argparse.Namespace) -> int:
     from declattn.api import Engine
     from declattn.engine.threads import use_threads
     from declattn.train.evaluate import DEFAULT_GRID, run_cell
+    from declattn.train.roles import role_report
 
     if args.samples < 1:
         raise UserError("--samples must be at least 1")
@@ -108,8 +109,6 @@ def run_eval(args: argparse.Namespace) -> int:
             status.update(f"{'2' if two else '1'}-hop, {n} chunks, {arm}")
             cells.append(run_cell(engine, n, two, arm, args.samples, seed=args.seed))
     con.print(_table(cells, args))
-    from declattn.train.roles import role_report
-
     roles = role_report(engine.loaded.model, engine.tokenizer, 16, seed=args.seed)
     con.print(_roles_table(roles, 16))
     con.print(f"{time.perf_counter() - t0:.0f} s; seed {args.seed}; fp32; greedy")
