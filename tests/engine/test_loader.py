@@ -115,6 +115,19 @@ def test_sharded_safetensors_directory(tmp_path):
     assert _max_logit_diff(hf, loaded) < 1e-4
 
 
+def test_declattn_tiny_tokenizer_loads_without_a_model_type_warning(tmp_path, capfd, caplog):
+    # AutoTokenizer would read config.json and warn that it does not know declattn_tiny
+    from declattn.train.vocab import build_tokenizer, save_tokenizer, words_of
+
+    save_tokenizer(build_tokenizer(words_of(["the e1 leads to e2 ."])), tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "declattn_tiny"}))
+    capfd.readouterr()
+    tok = loader.directory_tokenizer(tmp_path)
+    assert tok.decode(tok.encode(" e1 e2", add_special_tokens=False)) == " e1 e2"
+    # transformers logs to stderr or, once some of its models are imported, to logging
+    assert "declattn_tiny" not in capfd.readouterr().err + caplog.text
+
+
 def test_directory_without_config(tmp_path):
     with pytest.raises(IncompleteModelError, match="config.json") as err:
         load_model(tmp_path)

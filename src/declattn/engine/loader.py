@@ -292,9 +292,24 @@ def _read_weights(
 def _load_tokenizer(directory: Path, where: Path) -> Any:
     if not any((directory / name).is_file() for name in _TOKENIZER_FILES):
         return None
-    from transformers import AutoTokenizer
-
     try:
-        return AutoTokenizer.from_pretrained(str(directory))
+        return directory_tokenizer(directory)
     except Exception as e:  # transformers raises many kinds here
         raise CorruptModelError(f"{where}: cannot load tokenizer ({e})") from e
+
+
+def directory_tokenizer(directory: Path) -> Any:
+    """A Hugging Face directory's tokenizer.
+
+    ``AutoTokenizer`` reads ``config.json`` to choose a class and warns about a model
+    type it does not know (our ``declattn_tiny``), even when ``tokenizer_config.json``
+    already names the class; a directory whose tokenizer is a plain
+    ``PreTrainedTokenizerFast`` is loaded by that class directly."""
+    import transformers
+
+    named = directory / "tokenizer_config.json"
+    if named.is_file() and (directory / "tokenizer.json").is_file():
+        cls = json.loads(named.read_text()).get("tokenizer_class")
+        if cls == "PreTrainedTokenizerFast":
+            return transformers.PreTrainedTokenizerFast.from_pretrained(str(directory))
+    return transformers.AutoTokenizer.from_pretrained(str(directory))

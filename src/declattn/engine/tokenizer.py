@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from declattn.engine.loader import CorruptModelError, ModelNotFoundError
+from declattn.engine.loader import CorruptModelError, ModelNotFoundError, directory_tokenizer
 from declattn.engine.registry import resolve_model
 
 
@@ -19,7 +19,7 @@ def load_tokenizer(path_or_name: str | Path) -> Any:
             return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         if not any(path.glob("tokenizer*")):
             raise ModelNotFoundError(f"{path}: no tokenizer files (tokenizer.json, ...) here")
-        return AutoTokenizer.from_pretrained(str(path))
+        return directory_tokenizer(path)
     except (ModelNotFoundError, CorruptModelError):
         raise
     except Exception as e:  # transformers raises many kinds for a bad file
