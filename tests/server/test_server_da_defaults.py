@@ -18,7 +18,14 @@ def test_a_request_starts_from_the_models_settings() -> None:
 
 def test_the_request_overrides_what_it_sets() -> None:
     o = da_options(DARequest(context="x", chunk_tokens=64, masking=False, constrain=True), OWN)
-    assert (o.target, o.cap, o.masking, o.constrain, o.sink) == (64, 80, False, True, 4)
+    assert (o.target, o.cap, o.masking, o.constrain, o.sink) == (64, 64, False, True, 4)
+
+
+def test_a_chunk_size_alone_keeps_the_models_cap_ratio() -> None:
+    # the model's own chunks are never longer than their target: neither are a request's
+    assert da_options(DARequest(context="x", chunk_tokens=40), OWN).cap == 40
+    # the protocol's default ratio is 1.25
+    assert da_options(DARequest(context="x", chunk_tokens=40)).cap == 50
 
 
 def test_without_settings_the_defaults_are_the_protocols() -> None:

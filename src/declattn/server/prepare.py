@@ -26,7 +26,6 @@ from declattn.session import DAOptions
 
 DEFAULT_TEMPERATURE = 1.0
 """OpenAI's default when a request names none; send ``temperature: 0`` for greedy."""
-CAP_RATIO = DAOptions().cap / DAOptions().target
 GREEDY_BELOW = 1e-4
 COMPLETION_DEFAULT_MAX_TOKENS = 16
 """OpenAI's default for ``/v1/completions``."""
@@ -191,8 +190,8 @@ def da_options(da: DARequest, defaults: DAOptions | None = None) -> DAOptions:
     elif target is None:
         assert cap is not None
         target = min(base.target, cap)
-    elif cap is None:
-        cap = max(target, math.ceil(target * CAP_RATIO))
+    elif cap is None:  # keep the model's own cap/target ratio (1.25 by default)
+        cap = max(target, math.ceil(target * base.cap / base.target))
     if cap < target:
         raise bad_request(
             f"declarative_attention.chunk_cap ({cap}) must be at least chunk_tokens ({target})",

@@ -34,7 +34,9 @@ class DARequest(BaseModel):
         None, ge=1, description="target tokens per magic chunk (default 2048)"
     )
     chunk_cap: int | None = Field(
-        None, ge=1, description="hard cap of tokens per chunk (default 1.25 x chunk_tokens)"
+        None, ge=1,
+        description="hard cap of tokens per chunk (default: chunk_tokens x the model's "
+        "cap/target ratio, 1.25 unless its declattn.json says otherwise)",
     )
     constrain: bool | None = Field(
         None,
