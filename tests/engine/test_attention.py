@@ -338,6 +338,11 @@ def test_counter_equals_view_on_every_step_and_counts_bytes() -> None:
     assert counter.total_blocks() == 2 * sum(len(v) for v in views.values())
     assert sum(counter.bytes_per_sequence().values()) == expected_bytes
     assert counter.total_bytes(sliding=True) == 20 * 2 * 8 * per_token
+    for (step, sid) in views:  # one row's bytes, from the per-row index, against a scan
+        for sliding in (False, True):
+            scan = sum(r.n_bytes for r in counter.records
+                       if (r.step, r.seq_id, r.sliding) == (step, sid, sliding))
+            assert counter.total_bytes(sliding=sliding, seq_id=sid, step=step) == scan > 0
     counter.reset()
     assert counter.records == [] and counter.n_steps == 0 and counter.total_bytes() == 0
 

@@ -99,6 +99,11 @@ class ReadCounter:
     _index: dict[tuple[int, int, int, bool], list[ReadRecord]] = field(
         default_factory=dict, repr=False
     )
+    # (step, seq, sliding): the engine asks per sequence and step, and a scan of every
+    # record for each sequence made a batched step quadratic in the batch
+    _rows: dict[tuple[int, int, bool], list[ReadRecord]] = field(
+        default_factory=dict, repr=False
+    )
 
     def begin_step(self) -> int:
         """Open a new step and return its index (one per ``PagedAttention``)."""
@@ -108,10 +113,12 @@ class ReadCounter:
     def record(self, rec: ReadRecord) -> None:
         self.records.append(rec)
         self._index.setdefault((rec.step, rec.seq_id, rec.layer, rec.sliding), []).append(rec)
+        self._rows.setdefault((rec.step, rec.seq_id, rec.sliding), []).append(rec)
 
     def reset(self) -> None:
         self.records.clear()
         self._index.clear()
+        self._rows.clear()
         self.n_steps = 0
 
     def _select(
@@ -122,9 +129,12 @@ class ReadCounter:
         seq_id: int | None = None,
         layer: int | None = None,
     ) -> list[ReadRecord]:
+        pool = self.records
+        if step is not None and seq_id is not None:
+            pool = self._rows.get((step, seq_id, sliding), [])
         return [
             r
-            for r in self.records
+            for r in pool
             if r.sliding == sliding
             and (step is None or r.step == step)
             and (seq_id is None or r.seq_id == seq_id)
