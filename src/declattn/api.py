@@ -89,16 +89,23 @@ class Engine:
         self,
         loaded: LoadedModel,
         *,
-        kv_tokens: int = DEFAULT_KV_TOKENS,
+        kv_tokens: int | None = None,
         block_size: int = 16,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
+        """``kv_tokens`` sizes the KV pool shared by all sequences in flight; by default
+        ``DEFAULT_KV_TOKENS``, or one sequence of the model's whole context if that is
+        less (a batch of many sequences asks for more explicitly)."""
         if loaded.tokenizer is None:
             raise ValueError(f"{loaded.source}: the model has no tokenizer")
+        if kv_tokens is not None and kv_tokens < 1:
+            raise ValueError(f"kv_tokens must be at least 1, got {kv_tokens}")
         self.loaded = loaded
         self.tokenizer = loaded.tokenizer
-        limit = loaded.config.max_position_embeddings
-        num_blocks = -(-min(kv_tokens, limit + block_size) // block_size)
+        if kv_tokens is None:
+            limit = loaded.config.max_position_embeddings
+            kv_tokens = min(DEFAULT_KV_TOKENS, limit + block_size)
+        num_blocks = -(-kv_tokens // block_size)
         self.core = PagedEngine(
             loaded.model,
             loaded.tokenizer,
