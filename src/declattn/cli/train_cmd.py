@@ -21,6 +21,11 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--steps", type=int, default=None)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--batch", type=int, default=None)
+    t.add_argument(
+        "--unmasked", type=float, default=None,
+        help="share of training sequences without DA masks, so the model also serves the "
+        "vanilla arm (default 0)",
+    )
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--no-gate", action="store_true", help="skip the accuracy gate")
     t.set_defaults(func=run_train)
@@ -46,8 +51,12 @@ def run_train(args: argparse.Namespace) -> int:
         spec = replace(spec, steps=args.steps)
     if args.batch is not None:
         spec = replace(spec, batch=args.batch)
+    if args.unmasked is not None:
+        spec = replace(spec, unmasked=args.unmasked)
     if spec.steps < 1 or spec.batch < 1:
         raise UserError("--steps and --batch must be at least 1")
+    if not 0.0 <= spec.unmasked <= 1.0:
+        raise UserError(f"--unmasked must be between 0 and 1, got {spec.unmasked}")
     use_threads(args.threads)
     out, con = Path(args.out), console()
     with Progress(

