@@ -3,7 +3,8 @@ fast enough for every test run, and trained to declare, so DA runs from its own 
 
 Fresh documents (seeds training never drew): it answers right, reads less than vanilla,
 the read counter equals the scope on every decode step, and forcing its focus onto a
-chunk without the fact makes it wrong (the answer comes from what focus reads)."""
+chunk without the fact makes it wrong (the answer comes from what focus reads). Last,
+the curriculum that trained it: chunk counts held then grown, and unmasked sequences."""
 
 from __future__ import annotations
 
