@@ -65,15 +65,8 @@ def pareto_plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
             ax.set_xscale("log")
         ax.set_xlabel("attended tokens per decode step (mean, logical)")
         ax.set_ylabel("accuracy, macro over task families (%)")
-        ax.set_ylim(-5, 105)
-        ax.set_title(model)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+        _frame(ax, model)
+    return _save(plt, fig, path)
 
 
 def savings_plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
@@ -94,10 +87,19 @@ def savings_plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("attended tokens saved vs full attention (%)")
-        ax.set_ylim(-5, 105)
-        ax.set_title(model)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _frame(ax, model)
+    return _save(plt, fig, path)
+
+
+def _frame(ax: Any, model: str) -> None:
+    """Both plots show percentages per model with the same frame."""
+    ax.set_ylim(-5, 105)
+    ax.set_title(model)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
