@@ -55,7 +55,7 @@ class TinySpec:
     aids: bool = True  # token shift and chunk-segment embeddings (declattn_tiny family)
     aid_init_std: float = 0.088  # ~1/sqrt(hidden): the aids speak up from the first step
     max_chunk_id: int = 64  # the largest chunk id with its own segment embedding
-    long_every: int = 8  # after the curriculum, every n-th batch has up to max_chunk_id
+    long_every: int = 4  # after the curriculum, every n-th batch has up to max_chunk_id
     gate_samples: int = 100
     gate_accuracy: float = 0.9
 
