@@ -219,8 +219,12 @@ DA_TINY_DIR = Path(__file__).resolve().parent.parent / "data" / "da_tiny"
 """``da-tiny``, trained here by ``declattn train da-tiny`` and shipped inside declattn."""
 
 
+def _da_tiny_installed() -> bool:
+    return (DA_TINY_DIR / "model.safetensors").is_file()
+
+
 def _da_tiny() -> Path:
-    if not (DA_TINY_DIR / "model.safetensors").is_file():
+    if not _da_tiny_installed():
         raise ModelNotFoundError(f"{DA_TINY_DIR} holds no weights: reinstall declattn")
     return DA_TINY_DIR
 
@@ -268,7 +272,7 @@ MODELS: dict[str, ShippedModel] = {
             size_mb=2,
             licence="Apache-2.0 (this project)",
             locate=_da_tiny,
-            installed=lambda: (DA_TINY_DIR / "model.safetensors").is_file(),
+            installed=_da_tiny_installed,
         ),
     )
 }

@@ -183,7 +183,7 @@ def train_da_tiny(
     torch.manual_seed(spec.seed)
     tokenizer = tiny_tokenizer(seed=spec.seed)
     config = hf_config(spec, len(tokenizer), tokenizer.eos_token_id)
-    model = new_model(config, spec.seed, spec.aid_init_std if spec.aids else 0.02)
+    model = new_model(config, spec.seed, spec.aid_init_std)  # no aids: unused
     log: list[dict[str, float]] = []
     t0 = time.perf_counter()
     recipe = Recipe(steps=spec.steps, lr=spec.lr)
