@@ -14,3 +14,13 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(params=("native", "torch"))
+def kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test once through the fused decode kernel and once through the torch
+    fallback (see ``paged_world.force_kernel``)."""
+    from paged_world import force_kernel
+
+    force_kernel(monkeypatch, request.param)
+    return request.param

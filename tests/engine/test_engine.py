@@ -5,46 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_world import Tok, prompt, tiny_model
 
+from declattn.engine.controller import Controller
 from declattn.engine.dense import DenseAttention
 from declattn.engine.engine import PagedEngine
 from declattn.engine.kv import PoolExhausted
-from declattn.engine.models import Decoder, ModelConfig
+from declattn.engine.models import Decoder
 from declattn.engine.sampler import SamplingParams
-
-VOCAB = 512
-
-
-class _Tok:
-    """A tokenizer stand-in for engine tests: id -> one printable character."""
-
-    eos_token_id = None
-
-    def decode(self, ids, skip_special_tokens=True):
-        return "".join(chr(0x4E00 + i) for i in ids)
-
-
-def tiny_model(seed: int = 0, family: str = "llama") -> Decoder:
-    cfg = {
-        "architectures": ["LlamaForCausalLM"] if family == "llama" else ["Qwen2ForCausalLM"],
-        "model_type": family,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": VOCAB,
-        "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 4096,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": True,
-    }
-    torch.manual_seed(seed)
-    model = Decoder(ModelConfig.from_hf(cfg)).float()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.2)
-    return model.eval()
 
 
 def dense_greedy(model: Decoder, prompt: list[int], n: int) -> list[int]:
@@ -61,17 +29,12 @@ def dense_greedy(model: Decoder, prompt: list[int], n: int) -> list[int]:
 
 
 def make_engine(model: Decoder, num_blocks: int = 256, prefill_chunk: int = 64) -> PagedEngine:
-    return PagedEngine(model, _Tok(), num_blocks=num_blocks, block_size=16,
-                       prefill_chunk=prefill_chunk)
-
-
-def prompt(n: int, seed: int) -> list[int]:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, VOCAB, (n,), generator=g).tolist()
+    return PagedEngine(model, Tok(), num_blocks=num_blocks, block_size=16,
+                       prefill_chunk=prefill_chunk, prefix_caching=prefill_chunk % 16 == 0)
 
 
 def run_one(engine: PagedEngine, ids: list[int], params: SamplingParams, controller=None):
-    seq = engine.add(ids, params, controller)
+    seq = engine.add(controller or Controller(ids), params)
     for _ in engine.run(seq):
         pass
     return seq
@@ -91,7 +54,7 @@ def test_batch_gives_the_same_tokens_as_one_at_a_time():
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     alone = [run_one(make_engine(model), p, params).output_ids for p in prompts]
     engine = make_engine(model)
-    seqs = [engine.add(p, params) for p in prompts]
+    seqs = [engine.add(Controller(p), params) for p in prompts]
     while engine.has_work:
         engine.step()
     assert [s.output_ids for s in seqs] == alone
@@ -105,8 +68,9 @@ def test_seeded_sampling_is_reproducible_and_batch_independent():
                             ignore_eos=True)
     a = run_one(make_engine(model), ids, params).output_ids
     engine = make_engine(model)
-    other = engine.add(prompt(70, 2), SamplingParams(temperature=1.0, seed=9, max_tokens=16))
-    mine = engine.add(ids, params)
+    hot = SamplingParams(temperature=1.0, seed=9, max_tokens=16)
+    other = engine.add(Controller(prompt(70, 2)), hot)
+    mine = engine.add(Controller(ids), params)
     while engine.has_work:
         engine.step()
     assert mine.output_ids == a
@@ -140,8 +104,9 @@ def test_view_restricts_what_decode_reads_and_counter_proves_it():
     model = tiny_model()
     ids = prompt(200, 2)
 
-    class Narrow:
+    class Narrow(Controller):
         def __init__(self):
+            super().__init__(ids)
             self.views = []
 
         def view(self, length):
@@ -162,8 +127,9 @@ def test_view_restricts_what_decode_reads_and_counter_proves_it():
 def test_pool_exhaustion_is_clear_and_corrupts_nothing():
     model = tiny_model()
     engine = make_engine(model, num_blocks=8)  # 128 positions
-    small = engine.add(prompt(40, 1), SamplingParams(max_tokens=4, ignore_eos=True))
-    big = engine.add(prompt(200, 2), SamplingParams(max_tokens=4, ignore_eos=True))
+    four = SamplingParams(max_tokens=4, ignore_eos=True)
+    small = engine.add(Controller(prompt(40, 1)), four)
+    big = engine.add(Controller(prompt(200, 2)), four)
     engine.step()  # prefill `small`
     with pytest.raises(PoolExhausted, match="blocks needed"):
         while big in engine.waiting:
@@ -179,7 +145,7 @@ def test_pool_exhaustion_is_clear_and_corrupts_nothing():
 def test_prompt_longer_than_the_model_is_refused():
     engine = make_engine(tiny_model())
     with pytest.raises(ValueError, match="exceeds"):
-        engine.add(prompt(4000, 1), SamplingParams(max_tokens=200))
+        engine.add(Controller(prompt(4000, 1)), SamplingParams(max_tokens=200))
 
 
 def test_synthetic_prefill_leaves_the_last_token_to_the_model():
@@ -187,7 +153,7 @@ def test_synthetic_prefill_leaves_the_last_token_to_the_model():
     ids = prompt(100, 3)
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     engine = make_engine(model)
-    seq = engine.add(ids, params)
+    seq = engine.add(Controller(ids), params)
     engine.prefill_synthetic(seq, generator=torch.Generator().manual_seed(0))
     assert seq.prefilled == 99 and seq in engine.waiting
     rows = engine.cache.slots(seq.seq_id, 0, 99)
@@ -203,7 +169,7 @@ def test_synthetic_prefill_leaves_the_last_token_to_the_model():
     # Nothing synthetic (upto=0) is an ordinary prefill: the same tokens as without it.
     plain = run_one(make_engine(model), ids, params)
     other = make_engine(model)
-    seq0 = other.add(ids, params)
+    seq0 = other.add(Controller(ids), params)
     other.prefill_synthetic(seq0, upto=0)
     for _ in other.run(seq0):
         pass

@@ -230,9 +230,17 @@ def _gguf_name(hf_name: str, family: str) -> str | None:
     return f"blk.{layer}.{part}.{kind}"
 
 
-def _write_gguf(path: Path, hf: PreTrainedModel, family: str, arch: str | None = None) -> None:
+def _write_gguf(
+    path: Path,
+    hf: PreTrainedModel,
+    family: str,
+    arch: str | None = None,
+    types: dict[str, gguf.GGMLQuantizationType] | None = None,
+) -> None:
     """A GGUF as llama.cpp would write it: renamed tensors, permuted llama q/k, Gemma norms
-    stored as ``1 + w``, and no config fields beyond what llama.cpp writes."""
+    stored as ``1 + w``, and no config fields beyond what llama.cpp writes. ``types`` maps
+    a tensor's role (``ffn_up``, ``output``, ``token_embd``...) to the block format its
+    weight is quantized to (F32 otherwise)."""
     c = hf.config
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     writer = gguf.GGUFWriter(str(path), arch or family)
@@ -265,7 +273,14 @@ def _write_gguf(path: Path, hf: PreTrainedModel, family: str, arch: str | None =
             data = _llama_cpp_permute(data, c.num_key_value_heads)
         if family == "gemma3" and name.endswith("norm.weight"):
             data = data + 1.0
-        writer.add_tensor(_gguf_name(name, family), data)
+        gguf_name = _gguf_name(name, family)
+        role = gguf_name.split(".")[-2] if gguf_name.startswith("blk.") else gguf_name[:-7]
+        kind = (types or {}).get(role) if gguf_name.endswith(".weight") else None
+        if kind is None:
+            writer.add_tensor(gguf_name, data)
+        else:
+            raw = gguf.quants.quantize(data, kind)
+            writer.add_tensor(gguf_name, raw, raw_shape=raw.shape, raw_dtype=kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -430,3 +445,123 @@ def test_cache_root_follows_xdg(monkeypatch, tmp_path):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert converted_cache_root() == tmp_path / "home" / ".cache" / "declattn" / "converted"
+
+
+# --- quantized GGUF files: packed layers from the file's own blocks -----------------------
+
+_Q = gguf.GGMLQuantizationType
+QUANT_TYPES = {
+    "ffn_gate": _Q.Q4_0,
+    "ffn_up": _Q.Q4_1,
+    "ffn_down": _Q.Q5_0,
+    "attn_q": _Q.Q4_0,  # llama: permuted rows, codes and scales un-permuted together
+    "attn_k": _Q.Q4_1,
+    "attn_v": _Q.Q8_0,
+    "attn_output": _Q.Q5_1,
+    "output": _Q.Q8_0,
+    "token_embd": _Q.Q8_0,
+}
+WIDE = {_Q.Q5_0, _Q.Q5_1, _Q.Q8_0}
+
+
+def _expected_layer(kind: gguf.GGMLQuantizationType, native: bool) -> type:
+    from declattn.engine.quant import GGUFLinear, Int4Linear, Int8Linear
+    from declattn.engine.quant.kernel import NATIVE_TYPES
+
+    if native and int(kind) in NATIVE_TYPES:
+        return GGUFLinear
+    return Int8Linear if kind in WIDE else Int4Linear
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["gguf-kernel", "torch-kernels"])
+@pytest.mark.parametrize("family,tie", [("llama", False), ("qwen2", True), ("gemma3", True)])
+def test_quantized_gguf_loads_packed_from_its_blocks(tmp_path, family, tie, native):
+    from declattn.engine.quant import QuantLinear, QuantPolicy
+
+    path = tmp_path / f"{family}.gguf"
+    _write_gguf(path, _tiny(family, tie), family, types=QUANT_TYPES)
+    cache = tmp_path / "cache"
+    dense = load_model(path, dtype=torch.float32, device="cpu", cache_dir=cache)
+    policy = QuantPolicy(native=native)
+    packed = load_model(path, device="cpu", policy=policy, cache_dir=cache)
+    assert dense.quant is None and packed.quant is not None and not packed.quant.cache_hit
+    assert next(packed.model.parameters()).dtype == torch.bfloat16
+    layers = dict(packed.model.named_modules())
+    checked = 0
+    for name, layer in layers.items():
+        if not isinstance(layer, QuantLinear):
+            continue
+        if name == "tied_head":
+            want = dense.model.embed.weight
+        else:
+            want = dense.model.get_submodule(name).weight
+        role = "token_embd" if name == "tied_head" else "output" if name == "lm_head" else None
+        role = role or next(r for r in QUANT_TYPES if _role_of(name) == r)
+        assert isinstance(layer, _expected_layer(QUANT_TYPES[role], native)), name
+        # against the GGUF's own dequantised weight: the file's blocks exactly; 4-bit codes
+        # in torch's int4 off by the bf16 rounding of scale and zero, wide formats in int8 by
+        # half a step of the row (well under 1%; a row out of place would be off by ~100%)
+        err = (layer.dequantized() - want.detach()).abs().max() / want.abs().max()
+        assert err < 0.01, (name, float(err))
+        checked += 1
+    assert checked == LAYERS * 7 + 1
+    with torch.inference_mode():
+        ref = dense.model.logits(dense.model(IDS, torch.arange(len(IDS)), DenseAttention()))
+        out = packed.model.logits(packed.model(IDS, torch.arange(len(IDS)), DenseAttention()))
+    # bf16 activations, and (GGUF kernel) activations rounded to int8 per block of 32
+    assert (out - ref).abs().max() < (0.1 if native else 0.05) * ref.abs().max()
+    assert (out.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
+
+
+def _role_of(module: str) -> str:
+    leaf = module.rsplit(".", 1)[-1]
+    return {
+        "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
+        "q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+    }[leaf]
+
+
+def test_packed_layers_are_cached_beside_the_conversion(tmp_path, monkeypatch):
+    import declattn.engine.quant.store as store
+
+    path = tmp_path / "m.gguf"
+    _write_gguf(path, _tiny("qwen2", True), "qwen2", types=QUANT_TYPES)
+    cache = tmp_path / "cache"
+    first = load_model(path, device="cpu", cache_dir=cache)
+    files = list((first.weights_dir / "packed").iterdir())
+    assert [Path(first.quant.cache_file)] == files  # no temporary file left behind
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("packed again instead of reading the cache")
+
+    monkeypatch.setattr(store, "quantized_layers", no_build)
+    second = load_model(path, device="cpu", cache_dir=cache)
+    assert second.quant.cache_hit and second.quant.layers == first.quant.layers
+    a, b = first.model.state_dict(), second.model.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_dtype_or_quantize_false_load_dense_and_a_directory_cannot_be_packed(tmp_path):
+    from declattn.engine.quant import QuantLinear
+
+    path = tmp_path / "m.gguf"
+    _write_gguf(path, _tiny("llama", False), "llama", types=QUANT_TYPES)
+    cache = tmp_path / "cache"
+    for loaded in (
+        load_model(path, dtype=torch.bfloat16, device="cpu", cache_dir=cache),
+        load_model(path, device="cpu", quantize=False, cache_dir=cache),
+    ):
+        assert loaded.quant is None
+        assert not any(isinstance(m, QuantLinear) for m in loaded.model.modules())
+    with pytest.raises(UnsupportedModelError, match="directory holds dense"):
+        load_model(loaded.weights_dir, device="cpu", quantize=True)
+    with pytest.raises(UnsupportedModelError, match="on a CPU"):
+        load_model(path, device="meta", quantize=True, cache_dir=cache)
+
+
+def test_a_float_gguf_stays_dense_under_the_default(tmp_path):
+    path = tmp_path / "f32.gguf"
+    _write_gguf(path, _tiny("qwen2", True), "qwen2")
+    loaded = load_model(path, device="cpu", cache_dir=tmp_path / "cache")
+    assert loaded.quant is not None and loaded.quant.layers == {}  # nothing to pack
+    assert loaded.quant.packed_bytes == 0

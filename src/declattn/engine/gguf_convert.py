@@ -116,9 +116,9 @@ def hf_tensors(model: GGUFModel) -> Iterator[tuple[str, np.ndarray]]:
         if data.shape != expected:
             data = data.reshape(expected)
         if model.architecture == "llama" and name.endswith(("q_proj.weight", "q_proj.bias")):
-            data = _unpermute_rope(data, cfg["num_attention_heads"])
+            data = unpermute_rope(data, cfg["num_attention_heads"])
         elif model.architecture == "llama" and name.endswith(("k_proj.weight", "k_proj.bias")):
-            data = _unpermute_rope(data, cfg["num_key_value_heads"])
+            data = unpermute_rope(data, cfg["num_key_value_heads"])
         if model.architecture == "gemma3" and name.endswith("norm.weight"):
             data = data - 1.0
         yield name, data
@@ -144,7 +144,7 @@ def hf_name(gguf_name: str, architecture: str) -> str:
     raise GGUFUnsupported(f"unexpected tensor {gguf_name!r} for architecture {architecture!r}")
 
 
-def _unpermute_rope(w: np.ndarray, heads: int) -> np.ndarray:
+def unpermute_rope(w: np.ndarray, heads: int) -> np.ndarray:
     """Undo llama.cpp's row order for q/k.
 
     llama.cpp interleaves each head's rotary pairs (row 2i, 2i+1); Hugging Face keeps the

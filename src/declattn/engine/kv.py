@@ -1,4 +1,4 @@
-"""Paged KV storage: fixed-size blocks, per-sequence block tables, a free-block bitmap.
+"""Paged KV storage: fixed-size blocks, per-sequence block tables over a ``BlockAllocator``.
 
 The pools are laid out ``[n_kv_heads, num_blocks * block_size, head_dim]`` per layer so
 that a run of physically consecutive blocks is a zero-copy slice in which each head's
@@ -16,21 +16,18 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from declattn.engine.blocks import BlockAllocator, PoolExhausted
+
+__all__ = [
+    "KVCache", "KVConfig", "PoolExhausted", "PoolStats", "SequenceKeys", "inverse_table"
+]
+
 
 def inverse_table(table: np.ndarray) -> np.ndarray:
     """Logical index of each physical block id up to the table's largest (-1: not in it)."""
     inverse = np.full(int(table.max()) + 1 if table.size else 0, -1, dtype=np.int64)
     inverse[table] = np.arange(table.size)
     return inverse
-
-
-class PoolExhausted(RuntimeError):
-    """The pool has fewer free blocks than a request needs; nothing was changed."""
-
-    def __init__(self, needed: int, free: int) -> None:
-        super().__init__(f"KV pool exhausted: {needed} blocks needed, {free} free")
-        self.needed = needed
-        self.free = free
 
 
 @dataclass(frozen=True)
@@ -62,6 +59,34 @@ class KVConfig:
         return self.block_size * self.bytes_per_token
 
 
+@dataclass(frozen=True)
+class PoolStats:
+    """A KV pool's size and occupancy at one moment (for ``/metrics``, admission, tests).
+
+    ``cached`` counts blocks no sequence holds that keep a cached prefix's K/V; they are
+    as good as free for admission (evicted on demand), so ``free`` includes them.
+    """
+
+    num_blocks: int
+    free: int
+    block_size: int
+    bytes_per_token: int
+    cached: int = 0
+    cache_hits: int = 0
+    """Prompt blocks taken over from the prefix cache, over the pool's life."""
+    cache_lookups: int = 0
+    """Prompt blocks looked up in the prefix cache, over the pool's life."""
+
+    @property
+    def in_use(self) -> int:
+        return self.num_blocks - self.free
+
+    @classmethod
+    def empty(cls, num_blocks: int, block_size: int) -> PoolStats:
+        """A pool not allocated yet (all free; its byte size unknown until it is)."""
+        return cls(num_blocks, num_blocks, block_size, 0)
+
+
 class KVCache:
     """Per-layer K/V block pools plus the block tables that map positions to slots.
 
@@ -69,7 +94,7 @@ class KVCache:
     at row ``block * block_size + p % block_size`` of every layer's pools.
     """
 
-    def __init__(self, config: KVConfig) -> None:
+    def __init__(self, config: KVConfig, *, prefix_caching: bool = True) -> None:
         self.config = config
         shape = (config.n_kv_heads, config.num_blocks * config.block_size, config.head_dim)
         self.k: list[Tensor] = [
@@ -80,10 +105,7 @@ class KVCache:
             torch.zeros(shape, dtype=config.dtype, device=config.device)
             for _ in range(config.n_layers)
         ]
-        # The free list is a bitmap: ordered by block id by construction, and its runs
-        # of free blocks come out of one vectorised pass.
-        self._is_free = np.ones(config.num_blocks, dtype=bool)
-        self._n_free = config.num_blocks
+        self.blocks = BlockAllocator(config.num_blocks, caching=prefix_caching)
         self._tables: dict[int, list[int]] = {}
         self._arrays: dict[int, np.ndarray] = {}
         self._inverses: dict[int, np.ndarray] = {}
@@ -100,11 +122,21 @@ class KVCache:
 
     @property
     def num_free_blocks(self) -> int:
-        return self._n_free
+        """Blocks an allocation can get: free ones and evictable cached ones."""
+        return self.blocks.n_available
+
+    def stats(self) -> PoolStats:
+        c = self.config
+        b = self.blocks
+        return PoolStats(
+            c.num_blocks, self.num_free_blocks, c.block_size, c.bytes_per_token,
+            cached=b.n_cached_idle, cache_hits=b.hits, cache_lookups=b.lookups,
+        )
 
     @property
     def blocks_in_use(self) -> int:
-        return self.config.num_blocks - self._n_free
+        """Blocks some sequence holds."""
+        return self.config.num_blocks - self.num_free_blocks
 
     @property
     def seq_ids(self) -> tuple[int, ...]:
@@ -167,53 +199,37 @@ class KVCache:
         if needed <= 0:
             self._tables.setdefault(seq_id, table)
             return ()
-        if needed > self._n_free:
-            raise PoolExhausted(needed, self._n_free)
-        chosen = self._choose(table[-1] + 1 if table else None, needed)
-        self._is_free[chosen] = False
-        self._n_free -= len(chosen)
-        self._tables[seq_id] = table + chosen
-        self._arrays.pop(seq_id, None)
-        self._inverses.pop(seq_id, None)
+        chosen = self.blocks.take(needed, table[-1] + 1 if table else None)
+        self._set_table(seq_id, table + chosen)
         return tuple(chosen)
 
-    def _choose(self, successor: int | None, n: int) -> list[int]:
-        """Pick ``n`` free blocks: extend the last block in place, else the best-fitting
-        free run, else the longest runs first. Reads the free map only."""
-        is_free = self._is_free
-        chosen: list[int] = []
-        if successor is not None:
-            while len(chosen) < n and successor < is_free.size and is_free[successor]:
-                chosen.append(successor)
-                successor += 1
-        rest = n - len(chosen)
-        if rest == 0:
-            return chosen
-        padded = np.zeros(is_free.size + 2, dtype=np.int8)
-        padded[1:-1] = is_free
-        padded[[c + 1 for c in chosen]] = 0
-        edges = np.diff(padded)
-        starts = np.flatnonzero(edges == 1)
-        lengths = np.flatnonzero(edges == -1) - starts
-        fitting = np.flatnonzero(lengths >= rest)
-        if fitting.size:
-            best = fitting[np.lexsort((starts[fitting], lengths[fitting]))[0]]
-            return chosen + list(range(int(starts[best]), int(starts[best]) + rest))
-        for i in np.lexsort((starts, -lengths)):
-            take = min(int(lengths[i]), rest)
-            chosen.extend(range(int(starts[i]), int(starts[i]) + take))
-            rest -= take
-            if rest == 0:
-                break
-        return chosen
+    def share_prefix(self, seq_id: int, digests: list[bytes], multiple: int = 1) -> int:
+        """Start a new sequence's table with the cached blocks of the longest cached
+        prefix of ``digests``, rounded down to a multiple of ``multiple`` blocks; returns
+        how many blocks it took."""
+        if self._tables.get(seq_id):
+            raise ValueError(f"sequence {seq_id} already has blocks")
+        n = self.blocks.cached_prefix(digests) // multiple * multiple
+        self.blocks.count_lookup(len(digests), n)
+        self._set_table(seq_id, self.blocks.share(digests[:n]))
+        return n
+
+    def register(self, seq_id: int, index: int, digest: bytes) -> None:
+        """Address logical block ``index`` of ``seq_id`` (now full and written) by
+        ``digest``, so later prompts with the same prefix can share it."""
+        self.blocks.register(self._tables[seq_id][index], digest)
+
+    def _set_table(self, seq_id: int, table: list[int]) -> None:
+        self._tables[seq_id] = table
+        self._arrays.pop(seq_id, None)
+        self._inverses.pop(seq_id, None)
 
     def free(self, seq_id: int) -> int:
         """Return a sequence's blocks to the pool; returns how many were freed."""
         table = self._tables.pop(seq_id, [])
         self._arrays.pop(seq_id, None)
         self._inverses.pop(seq_id, None)
-        self._is_free[table] = True
-        self._n_free += len(table)
+        self.blocks.release(table)
         return len(table)
 
     # -- writes --------------------------------------------------------------------
@@ -226,3 +242,31 @@ class KVCache:
             return
         self.k[layer][:, slots, :] = k.transpose(0, 1).to(self.config.dtype)
         self.v[layer][:, slots, :] = v.transpose(0, 1).to(self.config.dtype)
+
+
+class SequenceKeys:
+    """Read access to one sequence's stored keys, block by block, for controllers that
+    choose blocks from the keys themselves (Quest-style baselines). It hands out copies
+    of whole blocks by logical index; the pools and tables stay the engine's."""
+
+    def __init__(self, cache: KVCache, seq_id: int) -> None:
+        self._cache, self._seq_id = cache, seq_id
+
+    @property
+    def block_size(self) -> int:
+        return self._cache.block_size
+
+    @property
+    def element_size(self) -> int:
+        return self._cache.k[0].element_size()
+
+    def blocks(self, layer: int, start: int, stop: int) -> Tensor:
+        """Keys of logical blocks ``[start, stop)`` of ``layer`` as fp32
+        ``[n_kv_heads, stop - start, block_size, head_dim]``."""
+        pool = self._cache.k[layer]
+        n_kv, _, dim = pool.shape
+        bs = self.block_size
+        phys = torch.from_numpy(self._cache.block_array(self._seq_id)[start:stop].copy())
+        rows = (phys[:, None] * bs + torch.arange(bs)[None, :]).reshape(-1).to(pool.device)
+        return pool.index_select(1, rows).float().view(n_kv, stop - start, bs, dim)
+

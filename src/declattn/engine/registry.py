@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 
 from declattn.engine.loader import CorruptModelError, ModelNotFoundError, find_packaged_gguf
+from declattn.engine.paths import cache_root
 
 _READ_BLOCK = 4 * 1024 * 1024
 
@@ -83,9 +84,8 @@ QWEN25_CODER_05B = ChunkedGGUF(
 
 
 def models_cache_root() -> Path:
-    """Where assembled models live: ``$XDG_CACHE_HOME`` (or ``~/.cache``)/declattn/models."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "declattn" / "models"
+    """Where assembled models live: ``cache_root()/models``."""
+    return cache_root() / "models"
 
 
 def dist_files_present(parts: Sequence[PartFile]) -> bool:

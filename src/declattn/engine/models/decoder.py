@@ -60,6 +60,9 @@ class Decoder(nn.Module):
         self.lm_head = (
             None if c.tie_word_embeddings else nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         )
+        # A tied model multiplies by its embedding table for the logits; a quantized load
+        # puts a packed copy of that table here (the lookup keeps the exact one).
+        self.tied_head: nn.Module | None = None
         self.shift = nn.ModuleList(
             nn.Linear(c.hidden_size, c.hidden_size, bias=False) for _ in range(c.token_shift)
         )
@@ -105,10 +108,34 @@ class Decoder(nn.Module):
             out = out + self.segment_embed(segs)
         return out
 
+    def parameter_count(self) -> int:
+        """Weights of the model as trained: a packed layer counts its ``in x out``, not the
+        elements of its packed buffers."""
+        from declattn.engine.quant.linear import QuantLinear
+
+        packed = [m for m in self.modules() if isinstance(m, QuantLinear)]
+        tied = self.tied_head is not None  # a packed copy of the embedding, not more weights
+        return sum(p.numel() for p in self.parameters()) + sum(
+            m.in_features * m.out_features for m in packed if not (tied and m is self.tied_head)
+        )
+
+    def weight_bytes_per_step(self) -> int:
+        """Bytes of weights one decode step reads: every matrix once (packed or dense);
+        of the embedding table only one row, unless it is also the output projection."""
+        total = sum(p.numel() * p.element_size() for p in self.parameters())
+        total += sum(b.numel() * b.element_size() for b in self.buffers())
+        if self.lm_head is not None or self.tied_head is not None:
+            emb = self.embed.weight
+            total -= emb.numel() * emb.element_size()
+        return total
+
     def logits(self, hidden: Tensor) -> Tensor:
         """Vocabulary logits (fp32) for the rows of ``hidden`` given: ``[..., vocab_size]``."""
-        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        out = torch.nn.functional.linear(hidden, weight).float()
+        head = self.lm_head if self.lm_head is not None else self.tied_head
+        if head is None:
+            out = torch.nn.functional.linear(hidden, self.embed.weight).float()
+        else:
+            out = head(hidden).float()
         cap = self.config.final_logit_softcap
         if cap is not None:
             out = torch.tanh(out / cap) * cap

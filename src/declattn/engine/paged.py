@@ -1,0 +1,316 @@
+"""Paged attention: the ``AttentionFn`` that reads only the KV blocks of a sequence's view.
+
+This is where Declarative Attention saves work. A decode row on a global layer never
+gathers the whole context: its kept blocks are planned into runs once per step
+(``runs.py``), read by the decode kernels (``decode.py``), and what was read is recorded
+in a ``ReadCounter`` (``reads.py``) so the claim can be tested rather than assumed.
+Prefill rows (and chunked prefill) attend causally over every stored position
+(``prefill.py``): every mode reads the whole prompt while it is being filled in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from declattn.engine.decode import Kernel, RunBatch, decode_batch, resolve_kernel
+from declattn.engine.kv import KVCache
+from declattn.engine.prefill import prefill_attention, viewed_prefill_attention
+from declattn.engine.reads import BlockRead, ReadCounter
+from declattn.engine.runs import RunPlan, plan_runs
+
+
+@dataclass(frozen=True)
+class SeqStep:
+    """One sequence's share of a batch step.
+
+    Its ``n_new`` tokens sit at positions ``start .. start + n_new - 1`` and are rows of
+    the step's q/k/v in batch order. ``view`` lists the logical blocks
+    (``position // block_size``) that global layers may read on a decode row
+    (``n_new == 1``); ``None`` reads everything. Prefill rows ignore the view: every
+    mode attends fully during prefill.
+
+    ``select``, when given, replaces ``view`` on each global layer of a decode row: it is
+    called with the layer index and the row's query ``[H, D]`` (rotated, unscaled) once
+    that layer's new key is stored, and returns the blocks that layer reads. It is the
+    hook for query-aware selection (Quest-style baselines), which cannot know its blocks
+    before the query exists.
+    """
+
+    seq_id: int
+    start: int
+    n_new: int
+    view: Sequence[int] | None = None
+    select: Callable[[int, Tensor], Sequence[int] | None] | None = None
+    row_views: Sequence[Sequence[int] | None] | None = None
+    """Prefill rows that recompute decode steps: each row's view on global layers
+    (``None`` for a row that read everything), so the K/V recomputed is what those
+    steps computed. Absent for an ordinary prefill."""
+
+    @property
+    def length(self) -> int:
+        """Sequence length once this step's tokens are stored."""
+        return self.start + self.n_new
+
+    @property
+    def is_decode(self) -> bool:
+        return self.n_new == 1
+
+
+@dataclass
+class _SeqPlan:
+    step: SeqStep
+    row: int
+    table: np.ndarray
+    global_runs: RunPlan | None
+    # Prefill rows: pool rows of positions [0, length), a (lo, hi) range when the
+    # sequence's blocks are physically consecutive (a zero-copy slice), else an index.
+    key_rows: tuple[int, int] | Tensor | None = None
+    window_runs: dict[int, RunPlan] = field(default_factory=dict)
+
+    def keys(self, pool: Tensor, lo: int, hi: int) -> Tensor:
+        """Pool rows of positions ``[lo, hi)`` as ``[Hkv, hi - lo, D]``."""
+        rows = self.key_rows
+        assert rows is not None, "only prefill rows read keys this way"
+        if isinstance(rows, tuple):
+            return pool[:, rows[0] + lo : rows[0] + hi]
+        return pool.index_select(1, rows[lo:hi])
+
+
+def _consecutive(table: np.ndarray) -> bool:
+    return table.size < 2 or bool((np.diff(table) == 1).all())
+
+
+def _as_rows(slots: list[Tensor]) -> Tensor | slice:
+    """The step's new pool rows; one consecutive range becomes a slice (a plain copy
+    instead of an indexed write, which matters once per layer per decode step)."""
+    if not slots:
+        return torch.empty(0, dtype=torch.int64)
+    rows = torch.cat(slots) if len(slots) > 1 else slots[0]
+    lo, n = int(rows[0]), rows.numel()
+    if int(rows[-1]) == lo + n - 1 and (n < 3 or bool((rows.diff() == 1).all())):
+        return slice(lo, lo + n)
+    return rows
+
+
+class PagedAttention:
+    """``AttentionFn`` over a ``KVCache`` for one batch step of several sequences.
+
+    Construct one per step (after ``cache.allocate`` covers every ``start + n_new``);
+    the model calls it once per layer. Each call stores the step's new k/v, then
+    attends: prefill rows causally over everything, decode rows on global layers over
+    the view's blocks only, decode rows on sliding layers over the last ``window``
+    positions. Everything that depends only on the step (run plans, slot maps, the
+    batch of runs the decode kernel reads) is worked out here, once, and shared by every
+    layer; all decode rows of a layer go to the kernel in one call (``decode.py``).
+    """
+
+    def __init__(
+        self,
+        cache: KVCache,
+        steps: Sequence[SeqStep],
+        counter: ReadCounter | None = None,
+        *,
+        kernel: Kernel = "auto",
+    ) -> None:
+        """``kernel`` forces a decode path (``native`` or ``torch``) where a benchmark or a
+        test compares them; the engine leaves it on ``auto``."""
+        self.cache = cache
+        self.counter = counter
+        self.kernel = resolve_kernel(kernel, cache.k[0])
+        self._bytes_per_token = cache.config.bytes_per_token  # a property that allocates
+        self._device = str(cache.config.device)
+        bs = cache.block_size
+        seen: set[int] = set()
+        plans: list[_SeqPlan] = []
+        new_slots: list[Tensor] = []
+        row = 0
+        for st in steps:
+            if st.seq_id in seen:
+                raise ValueError(f"sequence {st.seq_id} appears twice in one step")
+            seen.add(st.seq_id)
+            if st.start < 0 or st.n_new < 1:
+                raise ValueError(f"bad step for sequence {st.seq_id}: {st}")
+            if cache.capacity(st.seq_id) < st.length:
+                raise ValueError(
+                    f"sequence {st.seq_id} has {cache.capacity(st.seq_id)} slots, needs "
+                    f"{st.length}: call cache.allocate first"
+                )
+            n_blocks = -(-st.length // bs)
+            table = cache.block_array(st.seq_id)[:n_blocks]
+            plan = _SeqPlan(st, row, table, None)
+            if st.is_decode:
+                keep = range(n_blocks) if st.view is None else self._check_view(st, n_blocks)
+                plan.global_runs = plan_runs(
+                    table, keep, 0, st.length, bs, self._device, cache.block_inverse(st.seq_id)
+                )
+                new_slots.append(cache.slots(st.seq_id, st.start, st.length))
+            elif _consecutive(table):
+                first = int(table[0]) * bs
+                plan.key_rows = (first, first + st.length)
+                new_slots.append(
+                    torch.arange(first + st.start, first + st.length, device=self._device)
+                )
+            else:
+                slots = cache.slots(st.seq_id, 0, st.length)
+                plan.key_rows = slots
+                new_slots.append(slots[st.start :])
+            plans.append(plan)
+            row += st.n_new
+        self._plans = plans
+        self._n_rows = row
+        self._decode_plans = [p for p in plans if p.step.is_decode]
+        self._decode_rows = _as_rows(
+            [torch.tensor([p.row for p in self._decode_plans], dtype=torch.int64)]
+            if self._decode_plans
+            else []
+        )
+        self._selecting = any(p.step.select is not None for p in self._decode_plans)
+        self._batches: dict[int | None, RunBatch] = {}
+        self._new_slots = _as_rows(new_slots)
+        self.step = counter.begin_step() if counter is not None else -1
+
+    @staticmethod
+    def _check_view(st: SeqStep, n_blocks: int) -> np.ndarray:
+        keep = np.unique(np.asarray(st.view if st.view is not None else (), dtype=np.int64))
+        if keep.size and (keep[0] < 0 or keep[-1] >= n_blocks):
+            raise ValueError(f"view of sequence {st.seq_id} names blocks outside [0, {n_blocks})")
+        if not keep.size or keep[-1] != n_blocks - 1:
+            raise ValueError(
+                f"view of sequence {st.seq_id} misses block {n_blocks - 1}, "
+                "which holds the newest token"
+            )
+        return keep
+
+    def _selected_runs(self, plan: _SeqPlan, layer: int, q: Tensor) -> RunPlan:
+        """The runs of the blocks ``plan.step.select`` picks for this layer and query."""
+        st = plan.step
+        assert st.select is not None
+        blocks = st.select(layer, q)
+        if blocks is None:  # the controller defers to its view on this layer
+            assert plan.global_runs is not None
+            return plan.global_runs
+        chosen = SeqStep(st.seq_id, st.start, st.n_new, blocks)
+        keep = self._check_view(chosen, len(plan.table))
+        return plan_runs(plan.table, keep, 0, st.length, self.cache.block_size, self._device)
+
+    def _window_runs(self, plan: _SeqPlan, window: int) -> RunPlan:
+        runs = plan.window_runs.get(window)
+        if runs is None:
+            st = plan.step
+            lo = max(0, st.length - window)
+            bs = self.cache.block_size
+            keep = range(lo // bs, -(-st.length // bs))
+            inverse = self.cache.block_inverse(st.seq_id)
+            runs = plan_runs(plan.table, keep, lo, st.length, bs, self._device, inverse)
+            plan.window_runs[window] = runs
+        return runs
+
+    def __call__(
+        self,
+        layer: int,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        scale: float,
+        window: int | None,
+    ) -> Tensor:
+        if q.shape[0] != self._n_rows or k.shape[0] != self._n_rows:
+            raise ValueError(f"step has {self._n_rows} rows, got q {tuple(q.shape)}")
+        if window is not None and window < 1:
+            raise ValueError("window must be >= 1")
+        self.cache.write(layer, self._new_slots, k, v)
+        kp, vp = self.cache.k[layer], self.cache.v[layer]
+        if len(self._plans) == 1 and not self._plans[0].step.is_decode:
+            return self._prefill(self._plans[0], kp, vp, q, scale, window)
+        if len(self._decode_plans) == len(self._plans):  # a pure decode step
+            return self._decode(layer, kp, vp, q, scale, window)
+        out = torch.empty_like(q)
+        for plan in self._plans:
+            st, r = plan.step, plan.row
+            if not st.is_decode:
+                out[r : r + st.n_new] = self._prefill(
+                    plan, kp, vp, q[r : r + st.n_new], scale, window
+                )
+        if self._decode_plans:
+            rows = self._decode_rows
+            out[rows] = self._decode(layer, kp, vp, q[rows], scale, window, q)
+        return out
+
+    def _decode(
+        self,
+        layer: int,
+        kp: Tensor,
+        vp: Tensor,
+        q: Tensor,
+        scale: float,
+        window: int | None,
+        q_step: Tensor | None = None,
+    ) -> Tensor:
+        """The decode rows' attention (``q``: theirs only; ``q_step``: the whole step's,
+        where a selection hook needs a row's query by its step row)."""
+        batch = self._batch(layer, q if q_step is None else q_step, window)
+        self._record(layer, batch, window is not None)
+        return decode_batch(kp, vp, q, batch, scale, self.kernel)
+
+    def _batch(self, layer: int, q: Tensor, window: int | None) -> RunBatch:
+        """The runs of every decode row on this layer, as one kernel call reads them.
+        Global and window layers reuse one batch per step; query-aware selection plans
+        its rows afresh on every layer."""
+        plans = self._decode_plans
+        if window is not None:
+            key: int | None = window
+            if key not in self._batches:
+                self._batches[key] = RunBatch.of([self._window_runs(p, window) for p in plans])
+            return self._batches[key]
+        if not self._selecting:
+            if None not in self._batches:
+                self._batches[None] = RunBatch.of([p.global_runs for p in plans])
+            return self._batches[None]
+        return RunBatch.of(
+            [
+                self._selected_runs(p, layer, q[p.row]) if p.step.select is not None
+                else p.global_runs
+                for p in plans
+            ]
+        )
+
+    def _record(self, layer: int, batch: RunBatch, sliding: bool) -> None:
+        if self.counter is None:
+            return
+        per_token = self._bytes_per_token
+        for plan, runs in zip(self._decode_plans, batch.plans, strict=True):
+            self.counter.record(
+                BlockRead(
+                    step=self.step,
+                    layer=layer,
+                    seq_id=plan.step.seq_id,
+                    blocks=runs.blocks,
+                    n_bytes=runs.n_rows * per_token,
+                    sliding=sliding,
+                )
+            )
+
+    def _prefill(
+        self, plan: _SeqPlan, kp: Tensor, vp: Tensor, q: Tensor, scale: float, window: int | None
+    ) -> Tensor:
+        st = plan.step
+        if window is None and st.row_views is not None and any(st.row_views):
+            return viewed_prefill_attention(
+                q, plan.keys(kp, 0, st.length), plan.keys(vp, 0, st.length), st.start, scale,
+                st.row_views, self.cache.block_size,
+            )
+        lo = 0 if window is None else max(0, st.start - window + 1)
+        return prefill_attention(
+            q,
+            plan.keys(kp, lo, st.length),
+            plan.keys(vp, lo, st.length),
+            st.start,
+            scale,
+            window,
+        )

@@ -1,0 +1,196 @@
+"""Weight-only quantized linear layers: GGUF blocks (our kernel) or torch's packed ones.
+
+A decode step multiplies one row by every weight matrix of the model, so it is bound by
+the bytes of weights it reads: 4-bit codes read a quarter of bf16's bytes, int8 half.
+The kernels (``aten._weight_int4pack_mm_for_cpu``, ``aten._weight_int8pack_mm``) take
+bf16/fp32 activations and return them in the same dtype, so the rest of the model is
+untouched. Their conventions, checked in tests against a plain matmul:
+
+- int4: ``w = (q - 8) * scale + zero`` per group of ``group`` columns, ``q`` in
+  ``[0, 16)``; scale and zero ``[cols // group, rows, 2]`` in the activation dtype;
+  rows a multiple of 16 (padded here), group 32, 64, 128 or 256.
+- int8: ``w = q * scale`` per row, ``q`` int8, scale ``[rows]`` in the activation dtype;
+  cols a multiple of 8 (narrower matrices stay dense: the kernel faults on them).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+GEMM_ROWS = 32
+"""From this many rows on, a GGUF layer multiplies through its dequantised fp32 weight: on
+2-core AVX2 a 512-row chunk ran 2.8x faster as an fp32 GEMM than through the integer
+kernel, which wins where the bytes, not the arithmetic, bound the time (decode)."""
+INT4_GROUPS = (32, 64, 128, 256)
+_INT4_ROW_MULTIPLE = 16
+_INT8_COL_MULTIPLE = 8
+
+
+class QuantLinear(nn.Module):
+    """A linear layer ``y = x W^T + b`` whose ``W`` is stored packed.
+
+    Packed tensors are buffers, not parameters: nothing trains them, and ``parameters()``
+    keeps meaning the float tensors of the model. ``in_features``/``out_features`` are
+    the logical shape; ``weight_bytes`` is what one multiplication reads.
+    """
+
+    in_features: int
+    out_features: int
+    bias: nn.Parameter | None
+
+    def dequantized(self) -> Tensor:
+        """The float32 ``[out, in]`` weight that this layer multiplies by (for tests)."""
+        raise NotImplementedError
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def _finish(self, y: Tensor, shape: torch.Size) -> Tensor:
+        if y.shape[-1] != self.out_features:
+            y = y[..., : self.out_features]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+class GGUFLinear(QuantLinear):
+    """The GGUF file's own blocks of one matrix, rows in the ``Decoder``'s order.
+
+    A few rows (decode) go through ``gguf_linear``, activations rounded to int8 per block
+    as llama.cpp does; many rows (a prefill chunk) through the dequantised fp32 weight and
+    a float GEMM, which is faster there (compute-bound, not byte-bound). The ops are
+    looked up once, here: a decode step makes ~170 of these calls, and Python's own
+    cost per call (~30 us when looked up per call) was a tenth of a SmolLM2 step."""
+
+    def __init__(self, blocks: Tensor, ggml_type: int, in_features: int) -> None:
+        super().__init__()
+        from declattn.engine.quant.kernel import gguf_ops
+
+        ops = gguf_ops()
+        if ops is None:
+            raise RuntimeError("the GGUF matmul kernel is not available (see the warning)")
+        self._matmul, self._dequantize = ops.gguf_linear, ops.gguf_dequantize
+        self.out_features, self.in_features = blocks.shape[0], in_features
+        self.ggml_type = ggml_type
+        self.register_buffer("blocks", blocks)
+        self.bias = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() == 2 and x.shape[0] < GEMM_ROWS:  # a decode step: the short way
+            y = self._matmul(x.contiguous(), self.blocks, self.ggml_type)
+            return y if self.bias is None else y + self.bias
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).contiguous()
+        if x2.shape[0] >= GEMM_ROWS:
+            y = F.linear(x2.float(), self.dequantized()).to(x.dtype)
+        else:
+            y = self._matmul(x2, self.blocks, self.ggml_type)
+        return self._finish(y, shape)
+
+    def dequantized(self) -> Tensor:
+        return self._dequantize(self.blocks, self.ggml_type, self.in_features)
+
+
+class Int4Linear(QuantLinear):
+    """4-bit codes, one scale and zero per group of columns (group-wise asymmetric)."""
+
+    def __init__(
+        self,
+        packed: Tensor,
+        scales_zeros: Tensor,
+        in_features: int,
+        out_features: int,
+        group: int,
+        bias: Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.group = in_features, out_features, group
+        self.register_buffer("packed", packed)
+        self.register_buffer("scales_zeros", scales_zeros)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    @classmethod
+    def from_codes(
+        cls,
+        codes: Tensor,
+        scale: Tensor,
+        zero: Tensor,
+        group: int,
+        dtype: torch.dtype,
+        bias: Tensor | None = None,
+    ) -> Int4Linear:
+        """``codes`` ``[out, in]`` in ``[0, 16)``, ``scale``/``zero`` ``[out, in // group]``
+        with ``w = (codes - 8) * scale + zero``."""
+        out_features, in_features = codes.shape
+        if group not in INT4_GROUPS or in_features % group:
+            raise ValueError(f"int4: group {group} does not divide {in_features} columns")
+        pad = -out_features % _INT4_ROW_MULTIPLE
+        if pad:  # zero rows: their outputs are cut off in forward
+            codes = torch.cat([codes, codes.new_full((pad, in_features), 8)])
+            scale = torch.cat([scale, scale.new_zeros(pad, scale.shape[1])])
+            zero = torch.cat([zero, zero.new_zeros(pad, zero.shape[1])])
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+        sz = torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype)
+        return cls(packed, sz, in_features, out_features, group, bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1])
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x2, self.packed, self.group, self.scales_zeros
+        )
+        return self._finish(y, shape)
+
+    def dequantized(self) -> Tensor:
+        eye = torch.eye(self.in_features, dtype=self.scales_zeros.dtype)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            eye, self.packed, self.group, self.scales_zeros
+        )
+        return y[:, : self.out_features].t().float()
+
+
+class Int8Linear(QuantLinear):
+    """int8 codes with one scale per output row (per-channel symmetric)."""
+
+    def __init__(self, codes: Tensor, scales: Tensor, bias: Tensor | None = None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = codes.shape
+        self.register_buffer("codes", codes)
+        self.register_buffer("scales", scales)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+
+    @classmethod
+    def from_float(cls, w: Tensor, dtype: torch.dtype, bias: Tensor | None = None) -> Int8Linear:
+        """Round ``w`` ``[out, in]`` to int8 with ``scale = max|row| / 127`` per row."""
+        if w.shape[1] % _INT8_COL_MULTIPLE:
+            raise ValueError(f"int8: {w.shape[1]} columns, not a multiple of 8")
+        w = w.float()
+        scale = (w.abs().amax(dim=1) / 127).to(dtype).float()
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        codes = torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8)
+        return cls(codes, scale.to(dtype), bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        shape = x.shape
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, shape[-1]), self.codes, self.scales)
+        return self._finish(y, shape)
+
+    def dequantized(self) -> Tensor:
+        return self.codes.float() * self.scales.float()[:, None]
+
+
+def int4_fits(out_features: int, in_features: int, group: int = 32) -> bool:
+    """Whether the int4 kernel takes this shape (rows are padded, columns are not)."""
+    del out_features
+    return group in INT4_GROUPS and in_features % group == 0
+
+
+def int8_fits(out_features: int, in_features: int) -> bool:
+    del out_features
+    return in_features % _INT8_COL_MULTIPLE == 0

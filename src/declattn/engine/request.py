@@ -1,0 +1,85 @@
+"""One sequence inside the engine, from admission to its finish, and what its steps read.
+
+A ``Request`` is the engine's own state for a sequence: prompt, sampled tokens, where
+its prefill stands, and a ``StepRead`` per decode step (what attention really gathered,
+as the read counter saw it). The layer above keeps its decisions in the ``Controller``
+it supplied; this holds only what the engine did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from declattn.engine.controller import Controller
+from declattn.engine.detok import Detokenizer
+from declattn.engine.sampler import SamplingParams
+
+
+@dataclass(frozen=True)
+class StepRead:
+    """What one decode step of one sequence actually read from the KV pools."""
+
+    index: int
+    length: int
+    blocks: tuple[int, ...]
+    layers_agree: bool
+    global_bytes: int
+    sliding_bytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One sampled token of one sequence; ``finish_reason`` is set on its last."""
+
+    seq_id: int
+    token_id: int
+    text: str
+    index: int
+    finish_reason: str | None
+
+
+@dataclass(eq=False)
+class Request:
+    """A sequence the engine generates for; ``controller`` decides for it."""
+
+    seq_id: int
+    params: SamplingParams
+    controller: Controller
+    detok: Detokenizer
+    generator: torch.Generator | None
+    output_ids: list[int] = field(default_factory=list)
+    token_texts: list[str] = field(default_factory=list)
+    reads: list[StepRead] = field(default_factory=list)
+    held: str = ""
+    prefilled: int = 0
+    cached_tokens: int = 0
+    """Prompt positions taken over from the prefix cache (not computed)."""
+    digests: list[bytes] = field(default_factory=list, repr=False)
+    """Content addresses of the prompt's full blocks (prefix caching)."""
+    registered: int = 0
+    """Prompt positions whose blocks are addressed in the cache."""
+    preemptions: int = 0
+    """Times the engine gave this sequence's blocks to others and recomputed them."""
+    finish_reason: str | None = None
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.controller.prompt_ids
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.token_texts)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """Prompt then output: every position the sequence holds."""
+        return [*self.prompt_ids, *self.output_ids]

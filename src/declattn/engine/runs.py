@@ -1,0 +1,138 @@
+"""Run planning: which pool rows one decode row reads, grouped so that reading is cheap.
+
+A view is a set of logical blocks; the pool stores them wherever they were allocated.
+Planning turns the kept blocks into maximal runs of physically consecutive rows, and
+names the logical blocks those reads cover, so the read counter is derived from what is
+read, not from what was asked for. Everything here depends only on the step, never on the
+layer: a plan is worked out once per step and shared by every layer.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from declattn.engine.kv import inverse_table
+
+# The torch fallback gathers runs up to this many rows together rather than slicing
+# them one by one...
+_GATHER_RUN_ROWS = 128
+# ...when there are at least this many of them (a few runs cost less as slices).
+_GATHER_MIN_RUNS = 8
+
+
+def _expand(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
+    """Concatenation of ``arange(starts[i], stops[i])``, vectorised."""
+    lengths = stops - starts
+    if lengths.sum() == 0:
+        return np.zeros(0, dtype=np.int64)
+    offsets = np.repeat(starts - np.cumsum(lengths) + lengths, lengths)
+    return offsets + np.arange(int(lengths.sum()))
+
+
+@dataclass(frozen=True)
+class Pieces:
+    """A plan's rows as the torch fallback reads them: zero-copy slices, plus one gather
+    of short whole blocks (``None`` when there are too few to be worth it)."""
+
+    slices: tuple[tuple[int, int], ...]
+    gather: Tensor | None
+
+
+@dataclass(frozen=True, eq=False)
+class RunPlan:
+    """The pool rows one decode row reads, and the logical blocks they cover.
+
+    ``rows`` are ``[n, 2]`` int64 ranges ``[start, stop)`` of pool rows, in physical
+    order: the fused kernel walks them as they are, a run costing a few pointers.
+    ``blocks`` is derived from those rows, not from the view asked for, so a counter fed
+    from a plan records what is read.
+    """
+
+    block_size: int
+    rows: np.ndarray
+    blocks: tuple[int, ...]
+    n_rows: int
+    device: str = "cpu"
+
+    @classmethod
+    def from_rows(
+        cls,
+        rows: Sequence[tuple[int, int]] | np.ndarray,
+        block_size: int,
+        table: Sequence[int] | None = None,
+        device: str = "cpu",
+        inverse: np.ndarray | None = None,
+    ) -> RunPlan:
+        """Plan the reads of pool ``rows``; ``table`` (physical id of each logical
+        block), or its ``inverse`` (logical index of each physical block, -1 for none),
+        lets the plan name the logical blocks its reads cover."""
+        bs = block_size
+        r = np.ascontiguousarray(np.asarray(rows, dtype=np.int64).reshape(-1, 2))
+        blocks: tuple[int, ...] = ()
+        if inverse is None and table is not None:
+            inverse = inverse_table(np.asarray(table, dtype=np.int64))
+        if inverse is not None:
+            ids = inverse[_expand(r[:, 0] // bs, (r[:, 1] - 1) // bs + 1)]
+            if ids.size > 1 and not bool((ids[1:] > ids[:-1]).all()):
+                ids = np.unique(ids)
+            blocks = tuple(ids.tolist())
+        return cls(bs, r, blocks, int((r[:, 1] - r[:, 0]).sum()), device)
+
+    @functools.cached_property
+    def pieces(self) -> Pieces:
+        """The rows split for the torch fallback. Short runs of whole blocks (left
+        isolated by interleaved growth) are gathered together with one
+        ``index_select``: it reads the same bytes, and a matmul per tiny run would cost
+        far more in call overhead than the copy does."""
+        bs, r = self.block_size, self.rows
+        whole = (r[:, 0] % bs == 0) & (r[:, 1] % bs == 0)
+        short = whole & (r[:, 1] - r[:, 0] <= _GATHER_RUN_ROWS)
+        if short.sum() < _GATHER_MIN_RUNS:
+            short[:] = False
+        slices = tuple((int(x), int(y)) for x, y in r[~short])
+        gathered = _expand(r[short, 0] // bs, r[short, 1] // bs)
+        gather = torch.from_numpy(gathered).to(self.device) if gathered.size else None
+        return Pieces(slices, gather)
+
+
+def plan_runs(
+    table: Sequence[int],
+    keep: Sequence[int],
+    lo: int,
+    hi: int,
+    bs: int,
+    device: str,
+    inverse: np.ndarray | None = None,
+) -> RunPlan:
+    """Group kept logical blocks into maximal runs of consecutive physical rows.
+
+    Only positions in ``[lo, hi)`` are valid; a partial block ends (or starts) its run
+    so that a run is one plain slice. Attention is order-free over keys (positions are
+    already in the rotated keys), so runs follow physical order, not logical order.
+    Vectorised: a 64K-token view has thousands of blocks and is planned every step.
+    """
+    tab = np.asarray(table, dtype=np.int64)
+    lb = np.asarray(keep, dtype=np.int64)
+    a = np.maximum(0, lo - lb * bs)
+    b = np.minimum(bs, hi - lb * bs)
+    valid = a < b
+    phys, a, b = tab[lb[valid]], a[valid], b[valid]
+    if phys.size == 0:
+        return RunPlan(bs, np.zeros((0, 2), dtype=np.int64), (), 0, device)
+    if phys.size > 1 and not bool((phys[1:] > phys[:-1]).all()):
+        order = np.argsort(phys, kind="stable")
+        phys, a, b = phys[order], a[order], b[order]
+    # A block continues the previous run only if it is the next physical block, the
+    # previous one was read to its end, and this one is read from its start.
+    cont = np.zeros(phys.size, dtype=bool)
+    cont[1:] = (phys[1:] == phys[:-1] + 1) & (b[:-1] == bs) & (a[1:] == 0)
+    starts = np.flatnonzero(~cont)
+    ends = np.append(starts[1:], phys.size) - 1
+    rows = np.stack([phys[starts] * bs + a[starts], phys[ends] * bs + b[ends]], axis=1)
+    return RunPlan.from_rows(rows, bs, table, device, inverse)

@@ -1,0 +1,177 @@
+"""The fused decode kernel against a plain gather + softmax, and how it is built.
+
+The reference gathers the kept rows of each query row with ``index_select`` and runs an
+fp64 softmax: nothing shared with the kernel but the inputs. Views are random sets of
+blocks over a random physical layout; the kernel must also never look outside them
+(rows it must not read are NaN) and must give the same answer however its work is
+split across threads.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import warnings
+
+import pytest
+import torch
+
+from declattn.engine import native
+from declattn.engine.decode import RunBatch, decode_batch
+from declattn.engine.runs import RunPlan, plan_runs
+
+BLOCK = 16
+# One rounding of outputs of magnitude < 4 to the dtype (half an ulp at 4, with margin).
+ROUNDING = {torch.float32: 2e-6, torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
+
+
+@pytest.fixture(scope="module")
+def op():
+    """The kernel; a machine with a C++ compiler must build it."""
+    got = native.decode_op()
+    if got is None:
+        if os.environ.get(native.ENV_SWITCH) == "torch":
+            pytest.skip(f"{native.ENV_SWITCH}=torch")
+        pytest.fail("the fused decode kernel did not build (see the warning)")
+    return got
+
+
+def gather_softmax(kp, vp, q, rows, scale) -> torch.Tensor:
+    """``q [H, D]`` over pool rows ``rows`` (ranges), fp64: gather, then softmax."""
+    idx = torch.cat([torch.arange(a, b) for a, b in rows])
+    n_kv = kp.shape[0]
+    k = kp.index_select(1, idx).double()
+    v = vp.index_select(1, idx).double()
+    qg = q.double().reshape(n_kv, -1, q.shape[-1]) * scale
+    p = torch.softmax(torch.einsum("hgd,hld->hgl", qg, k), dim=-1)
+    return torch.einsum("hgl,hld->hgd", p, v).reshape(q.shape)
+
+
+def random_plan(rng: random.Random, n_blocks: int, pool_blocks: int, length: int) -> RunPlan:
+    """A sequence of ``length`` positions whose blocks sit at random physical places,
+    viewed through a random subset of its blocks (always the newest one)."""
+    table = rng.sample(range(pool_blocks), n_blocks)
+    keep = sorted({b for b in range(n_blocks - 1) if rng.random() < 0.3} | {n_blocks - 1})
+    return plan_runs(table, keep, 0, length, BLOCK, "cpu", None)
+
+
+SHAPES = [(14, 2, 64), (8, 2, 16), (9, 3, 64), (4, 1, 256), (8, 8, 128), (16, 1, 64), (5, 1, 40)]
+
+
+@pytest.mark.parametrize(("n_heads", "n_kv", "dim"), SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_random_views_match_gather_softmax(op, n_heads, n_kv, dim, dtype) -> None:
+    """A batch of rows, each with its own random view, in one call; pools in ``dtype``.
+
+    With fp32 queries the output is fp32 and all that is left against the fp64
+    reference is fp32 accumulation; with queries in the pool's dtype (the model's), the
+    output comes back in that dtype, rounded once."""
+    rng = random.Random(n_heads * 1000 + dim)
+    gen = torch.Generator().manual_seed(n_heads + dim)
+    pool_blocks = 96
+    kp = torch.randn(n_kv, pool_blocks * BLOCK, dim, generator=gen).to(dtype)
+    vp = torch.randn(n_kv, pool_blocks * BLOCK, dim, generator=gen).to(dtype)
+    plans = []
+    for _ in range(4):
+        n_blocks = rng.randrange(1, 40)
+        plans.append(random_plan(rng, n_blocks, pool_blocks, n_blocks * BLOCK - rng.randrange(16)))
+    q = torch.randn(len(plans), n_heads, dim, generator=gen)
+    scale = dim**-0.5
+    for q_dtype, tol in ((torch.float32, 2e-6), (dtype, ROUNDING[dtype])):
+        qd = q.to(q_dtype)
+        got = decode_batch(kp, vp, qd, RunBatch.of(plans), scale, kernel="native")
+        assert got.dtype == q_dtype and got.shape == q.shape
+        for b, plan in enumerate(plans):
+            ref = gather_softmax(kp, vp, qd[b], plan.rows.tolist(), scale)
+            assert (got[b].double() - ref).abs().max() < tol
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("min_split", [1, 7, 100_000])
+def test_work_split_does_not_change_the_answer(op, threads: int, min_split: int) -> None:
+    """Rows split across threads are merged by their maxima: the same softmax."""
+    gen = torch.Generator().manual_seed(3)
+    kp = torch.randn(2, 4096, 64, generator=gen).to(torch.bfloat16)
+    vp = torch.randn(2, 4096, 64, generator=gen).to(torch.bfloat16)
+    q = torch.randn(1, 14, 64, generator=gen)
+    runs = torch.tensor([[0, 16], [100, 1337], [2048, 2049], [3000, 4096]])
+    offsets = torch.tensor([0, 4])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = op(q, kp, vp, runs, offsets, 1.0, min_split)
+    finally:
+        torch.set_num_threads(before)
+    ref = gather_softmax(kp, vp, q[0], runs.tolist(), 1.0)[None]
+    assert (got.double() - ref).abs().max() < 1e-5  # unscaled q: sharp, large scores
+
+
+def test_rows_outside_the_runs_are_never_read(op) -> None:
+    """Every pool row the plan leaves out is NaN; one read of one would poison the output."""
+    rng = random.Random(5)
+    gen = torch.Generator().manual_seed(5)
+    plan = random_plan(rng, 50, 120, 50 * BLOCK - 3)
+    kp = torch.full((2, 120 * BLOCK, 64), float("nan"))
+    vp = torch.full((2, 120 * BLOCK, 64), float("nan"))
+    for a, b in plan.rows.tolist():
+        kp[:, a:b] = torch.randn(2, b - a, 64, generator=gen)
+        vp[:, a:b] = torch.randn(2, b - a, 64, generator=gen)
+    q = torch.randn(1, 14, 64, generator=gen)
+    got = decode_batch(kp, vp, q, RunBatch.of([plan]), 0.125, kernel="native")
+    assert torch.isfinite(got).all()
+    ref = gather_softmax(kp, vp, q[0], plan.rows.tolist(), 0.125)
+    assert (got[0].double() - ref).abs().max() < 2e-6
+
+
+def test_empty_runs_are_skipped(op) -> None:
+    gen = torch.Generator().manual_seed(7)
+    kp = torch.randn(2, 256, 64, generator=gen)
+    vp = torch.randn(2, 256, 64, generator=gen)
+    q = torch.randn(1, 14, 64, generator=gen)
+    rows = [[0, 0], [3, 40], [40, 40], [40, 40], [100, 101], [256, 256]]
+    got = op(q, kp, vp, torch.tensor(rows), torch.tensor([0, len(rows)]), 0.125, 8)
+    ref = gather_softmax(kp, vp, q[0], [r for r in rows if r[1] > r[0]], 0.125)
+    assert (got[0].double() - ref).abs().max() < 2e-6
+
+
+def test_bad_runs_are_refused(op) -> None:
+    kp = torch.zeros(2, 64, 64)
+    q = torch.zeros(1, 14, 64)
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        op(q, kp, kp, torch.tensor([[0, 65]]), torch.tensor([0, 1]), 1.0, 256)
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        narrow = kp[..., :60].contiguous()
+        op(q[..., :60].contiguous(), narrow, narrow, torch.tensor([[0, 8]]),
+           torch.tensor([0, 1]), 1.0, 256)
+    with pytest.raises(RuntimeError, match="multiple of KV heads"):
+        op(torch.zeros(1, 13, 64), kp, kp, torch.tensor([[0, 8]]), torch.tensor([0, 1]), 1.0, 256)
+
+
+def test_a_failed_build_warns_once_and_falls_back(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("CXX", "false")  # a compiler that always fails
+    native.decode_op.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="install a C\\+\\+ compiler") as caught:
+            assert native.decode_op() is None
+            assert native.decode_op() is None  # cached: no second build, no second warning
+        assert len(caught) == 1
+        assert list(tmp_path.glob("declattn/kernels/*/decode_attn.log"))
+        monkeypatch.setenv(native.ENV_SWITCH, "torch")
+        native.decode_op.cache_clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # chosen on purpose: no warning
+            assert native.decode_op() is None
+        monkeypatch.setenv(native.ENV_SWITCH, "fast")
+        native.decode_op.cache_clear()
+        with pytest.raises(ValueError, match="native"):
+            native.decode_op()
+    finally:
+        native.decode_op.cache_clear()
+
+
+def test_build_key_follows_source_torch_and_cpu(monkeypatch) -> None:
+    key = native.build_key("c++")
+    assert key == native.build_key("c++") and key != native.build_key("clang++")
+    monkeypatch.setattr(native, "_cpu_flags", lambda: "sse2")
+    assert native.build_key("c++") != key

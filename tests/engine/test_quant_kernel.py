@@ -1,0 +1,126 @@
+"""The GGUF matmul kernel multiplies by a file's blocks as gguf-py dequantises them.
+
+Its activations are rounded to int8 per block, as llama.cpp's are, so it matches the
+dequantised matmul to that rounding (well under 2% of the output's norm); a block read
+in the wrong order or with the wrong scale is off by the size of the output itself.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
+from gguf_samples import gguf_blocks
+
+from declattn.engine.quant import kernel
+from declattn.engine.quant.linear import GEMM_ROWS, GGUFLinear
+
+Q = GGMLQuantizationType
+NATIVE = [Q(t) for t in sorted(kernel.NATIVE_TYPES)]
+
+
+@pytest.fixture(scope="module")
+def op():
+    found = kernel.gguf_ops()
+    if found is None:
+        if os.environ.get(kernel.ENV_SWITCH) == "torch":
+            pytest.skip(f"{kernel.ENV_SWITCH}=torch")
+        pytest.fail("the GGUF kernel did not build (see the warning)")
+    return found.gguf_linear
+
+
+def _case(kind: Q, rows: int = 50, cols: int = 512, seed: int = 0):
+    raw = gguf_blocks(kind, rows, cols, np.random.default_rng(seed + int(kind)))
+    w = torch.from_numpy(dequantize(raw, kind).reshape(rows, cols)).double()
+    return torch.from_numpy(raw.copy()), w
+
+
+def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("kind", NATIVE, ids=lambda k: k.name)
+@pytest.mark.parametrize("m", [1, 37])  # a decode row; a prefill chunk
+def test_kernel_matches_the_dequantised_matmul(op, kind, m):
+    blocks, w = _case(kind)
+    x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m))
+    ref = x.double() @ w.t()
+    assert _rel(op(x, blocks, int(kind)), ref) < 0.02
+    y16 = op(x.bfloat16(), blocks, int(kind))
+    assert y16.dtype == torch.bfloat16 and _rel(y16, ref) < 0.02
+
+
+def test_kernel_is_the_same_on_one_and_two_threads(op):
+    blocks, w = _case(Q.Q6_K, rows=96)
+    x = torch.randn(3, w.shape[1])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = op(x, blocks, int(Q.Q6_K))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(op(x, blocks, int(Q.Q6_K)), two)
+
+
+@pytest.mark.parametrize("kind", NATIVE, ids=lambda k: k.name)
+def test_layer_dequantises_to_the_file_weight_and_keeps_its_bytes(op, kind):
+    blocks, w = _case(kind)
+    layer = GGUFLinear(blocks, int(kind), w.shape[1])
+    # gguf-py's arithmetic, to one fp32 rounding (the kernel may fuse a multiply-add)
+    torch.testing.assert_close(layer.dequantized().double(), w, rtol=1e-6, atol=1e-7)
+    assert layer.weight_bytes == blocks.numel()  # the file's bits per weight
+    few = torch.randn(2, 3, w.shape[1])
+    assert layer(few).shape == (2, 3, w.shape[0])
+    many = torch.randn(GEMM_ROWS, w.shape[1])  # a prefill chunk: the fp32 GEMM path
+    ref = many.double() @ w.t()
+    assert _rel(layer(many), ref) < 1e-5 < _rel(op(many, blocks, int(kind)), ref)
+
+
+def test_bias_is_added_on_both_paths(op):
+    blocks, w = _case(Q.Q8_0)
+    layer = GGUFLinear(blocks, int(Q.Q8_0), w.shape[1])
+    layer.bias = torch.nn.Parameter(torch.randn(w.shape[0]), requires_grad=False)
+    for rows in (1, GEMM_ROWS):
+        x = torch.randn(rows, w.shape[1])
+        ref = x.double() @ w.t() + layer.bias.double()
+        assert _rel(layer(x), ref) < 0.02, rows
+
+
+def test_wrong_inputs_are_refused(op):
+    blocks, _ = _case(Q.Q8_0)
+    with pytest.raises(RuntimeError, match="unsupported ggml type"):
+        op(torch.randn(1, 512), blocks, int(Q.Q5_1))
+    with pytest.raises(RuntimeError, match="do not match"):
+        op(torch.randn(1, 480), blocks, int(Q.Q8_0))
+
+
+@pytest.mark.slow
+def test_portable_build_agrees_with_the_vector_build(op, tmp_path):
+    """The plain C++ path (no AVX2, no F16C) is what other CPUs run: built here without
+    ``-march=native``, it must give what the AVX2 build gives, to float rounding."""
+    from torch.utils import cpp_extension
+
+    source = tmp_path / "portable.cpp"
+    source.write_text(
+        kernel.SOURCE.read_text().replace("TORCH_LIBRARY(declattn_gguf,", "TORCH_LIBRARY(dq_test,")
+    )
+    lib = tmp_path / "portable.so"
+    cmd = ["g++", "-O2", "-std=c++17", "-fPIC", "-shared",
+           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
+    for inc in cpp_extension.include_paths():
+        cmd += ["-isystem", inc]
+    cmd += [str(source), "-o", str(lib)]
+    for d in cpp_extension.library_paths():
+        cmd += [f"-L{d}", f"-Wl,-rpath,{d}"]
+    subprocess.run([*cmd, "-lc10", "-ltorch_cpu"], check=True, capture_output=True)
+    torch.ops.load_library(str(lib))
+    for kind in NATIVE:
+        blocks, w = _case(kind, rows=20)
+        x = torch.randn(2, w.shape[1])
+        fast, plain = op(x, blocks, int(kind)), torch.ops.dq_test.gguf_linear(x, blocks, int(kind))
+        assert (fast - plain).abs().max() <= 1e-5 * fast.abs().max(), kind.name

@@ -1,0 +1,102 @@
+"""Packed weights against dense ones on a shipped model, and the engine's parity rules
+(paged == dense recompute, reads == scope) on packed weights.
+
+The reference is the GGUF dequantised to fp32 (exactly what the file says). bf16 dense
+weights are today's other path; the packed path (the file's own blocks, activations
+rounded to int8 per block as llama.cpp does) may cost a few times bf16's error, not more.
+The accuracy test prints its table (``pytest -s``); ``declattn bench weights`` gives it
+for any shipped GGUF (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import gguf
+import pytest
+import torch
+from test_engine import dense_greedy, make_engine, prompt, run_one, tiny_model
+from test_session import CONTEXT, QUESTION, TRANSCRIPT
+
+from declattn.api import Engine
+from declattn.bench.quant_accuracy import PROMPTS, markdown, measure
+from declattn.engine.controller import Controller, Forced
+from declattn.engine.loader import load_model
+from declattn.engine.quant import GGUFLinear, QuantLinear
+from declattn.engine.quant.dense import pack_dense
+from declattn.engine.registry import resolve_model
+from declattn.engine.sampler import SamplingParams
+from declattn.protocol.modes import Mode
+from declattn.replay import replay
+from declattn.session import DAOptions
+
+STEPS = 16
+
+
+@pytest.fixture(scope="module")
+def accuracy():
+    result = measure("smollm2-135m", PROMPTS[:6], STEPS)
+    print("\n" + markdown(result))
+    return result
+
+
+def test_the_default_load_of_a_gguf_is_packed_from_its_blocks():
+    path = resolve_model("smollm2-135m")
+    packed = load_model(path, device="cpu")
+    assert packed.quant is not None and packed.quant.layers == {"Q4_1->gguf": 210, "Q8_0->gguf": 1}
+    layers = [m for m in packed.model.modules() if isinstance(m, QuantLinear)]
+    assert len(layers) == 211 and all(isinstance(m, GGUFLinear) for m in layers)
+    in_file = sum(int(t.n_elements) for t in gguf.GGUFReader(path).tensors)
+    assert packed.model.parameter_count() == in_file
+
+
+def test_packed_logits_and_greedy_tokens_track_the_file(accuracy):
+    """A few times bf16's error at most, on both paths (see ``bench/quant_accuracy``)."""
+    n, arms = accuracy["positions"], accuracy["arms"]
+    assert accuracy["bytes_per_step"]["packed"] < 0.4 * accuracy["bytes_per_step"]["bf16"]
+    for name in ("packed decode", "packed prefill"):
+        assert arms[name]["agree"] >= 0.95 * n, name
+        assert arms[name]["mean_abs"] < 3 * arms["bf16"]["mean_abs"], name
+        assert arms[name]["max_abs"] < 3.0, name
+    # the file's weights exactly in an fp32 GEMM: what is left is bf16 activations' rounding
+    assert arms["packed prefill"]["mean_abs"] < 1.5 * arms["bf16"]["mean_abs"]
+
+
+def test_paged_greedy_equals_dense_recompute_on_packed_weights():
+    """The engine's own rule, on the GGUF kernel's layers (fp32 activations, so that the
+    attention paths are the only difference)."""
+    loaded = load_model(resolve_model("smollm2-135m"), dtype=torch.float32, quantize=True)
+    assert loaded.quant is not None
+    engine = Engine(loaded, kv_tokens=1024)
+    tok = loaded.tokenizer
+    for text in PROMPTS[:3]:
+        ids = tok(text * 6).input_ids  # a few blocks long
+        seq = engine.add(Controller(ids), SamplingParams(max_tokens=16, ignore_eos=True))
+        for _ in engine.run(seq):
+            pass
+        assert seq.output_ids == dense_greedy(loaded.model, ids, 16)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_paged_equals_dense_on_torch_packed_layers(kind):
+    model = pack_dense(tiny_model(), kind, torch.float32)
+    assert sum(isinstance(m, QuantLinear) for m in model.modules()) == 2 * 7 + 1
+    ids = prompt(150, 1)
+    seq = run_one(make_engine(model), ids, SamplingParams(max_tokens=24, ignore_eos=True))
+    assert seq.output_ids == dense_greedy(model, ids, 24)
+
+
+def test_reads_equal_the_scope_on_packed_weights():
+    """DA's accounting does not depend on how weights are stored: on the packed SmolLM2,
+    every decode step reads exactly the scope's blocks, and live counts equal replay."""
+    engine = Engine.from_pretrained("smollm2-135m", kv_tokens=4096)
+    assert engine.loaded.quant is not None
+    sess = engine.session(CONTEXT, QUESTION, da=True, options=DAOptions(target=96, cap=128))
+    tokens = engine.tokenizer.encode(TRANSCRIPT, add_special_tokens=False)
+    seq = engine.add(Forced(sess, tokens), SamplingParams(max_tokens=len(tokens), ignore_eos=True))
+    for _ in engine.run(seq):
+        pass
+    assert len(seq.reads) == len(sess.expected_views) == len(seq.output_ids) - 1
+    for read, expected in zip(seq.reads, sess.expected_views, strict=True):
+        assert read.blocks == expected and read.layers_agree
+    assert {Mode.GLOBAL, Mode.FOCUS, Mode.LOCAL} <= {s.mode for s in sess.steps}
+    rep = replay(sess.layout, seq.token_texts, block_size=engine.block_size)
+    assert rep.totals() == sess.accounting.totals()

@@ -1,0 +1,46 @@
+"""Run planning: kept blocks become slices of consecutive pool rows plus one gather,
+and the plan names exactly the logical blocks its reads cover."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from declattn.engine.runs import RunPlan, plan_runs
+
+
+def test_short_whole_block_runs_are_gathered_and_the_rest_sliced() -> None:
+    short = [(0, 16), (32, 48), (64, 128), (160, 176), (192, 208), (224, 240), (256, 272),
+             (288, 320)]
+    split = [(1500, 2090), *short, (329, 400), (401, 402), (900, 1499)]
+    plan = RunPlan.from_rows(split, 16)
+    assert plan.rows.tolist() == [list(r) for r in split]  # the kernel reads them as given
+    assert plan.pieces.gather is not None
+    assert plan.pieces.gather.tolist() == [0, 2, 4, 5, 6, 7, 10, 12, 14, 16, 18, 19]
+    assert sorted(plan.pieces.slices) == [(329, 400), (401, 402), (900, 1499), (1500, 2090)]
+    assert plan.n_rows == sum(b - a for a, b in split)
+    assert RunPlan.from_rows(split[:4], 16).pieces.gather is None  # a few runs stay slices
+
+
+def test_runs_follow_physical_order_and_name_the_logical_blocks() -> None:
+    """Logical blocks 0..5 live at physical 7, 8, 2, 3, 4, 10; keeping 0, 1, 3, 4, 5 of a
+    length-22 sequence (block size 4) reads physical 3-4 as one run, 7-8 as another,
+    and only the 2 filled rows of the newest block (physical 10)."""
+    table = [7, 8, 2, 3, 4, 10]
+    plan = plan_runs(table, [0, 1, 3, 4, 5], 0, 22, 4, "cpu")
+    assert plan.pieces.gather is None
+    assert plan.rows.tolist() == [[12, 20], [28, 36], [40, 42]]
+    assert plan.blocks == (0, 1, 3, 4, 5)
+    assert plan.n_rows == 8 + 8 + 2
+
+
+def test_window_bounds_cut_partial_blocks_and_inverse_matches_table() -> None:
+    """Positions [6, 22) only: block 1 is read from its third row; the inverse table gives
+    the same plan as the table."""
+    table = np.array([7, 8, 2, 3, 4, 10])
+    inverse = np.full(11, -1)
+    inverse[table] = np.arange(table.size)
+    a = plan_runs(table, range(1, 6), 6, 22, 4, "cpu")
+    b = plan_runs(table, range(1, 6), 6, 22, 4, "cpu", inverse)
+    assert (a.rows.tolist(), a.blocks, a.n_rows) == (b.rows.tolist(), b.blocks, b.n_rows)
+    assert a.rows.tolist() == [[8, 20], [34, 36], [40, 42]]
+    assert a.blocks == (1, 2, 3, 4, 5) and a.n_rows == 16
