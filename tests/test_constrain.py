@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,6 +20,7 @@ from declattn.constrain import (
     in_declaration,
     tag_part,
 )
+from declattn.engine.controller import Delegating
 from declattn.protocol.tags import MAX_FOCUS_IDS, MAX_TAG_LEN, TagReader
 from declattn.session import DASession
 
@@ -271,7 +271,7 @@ class Row:
     forced: bool = False
 
 
-class Script:
+class Script(Delegating):
     """A controller around a session that teacher-forces some output tokens.
 
     Each episode writes its ``forced`` tokens, then lets the model write freely (with
@@ -281,15 +281,13 @@ class Script:
     """
 
     def __init__(self, sess: DASession, episodes: list[tuple[list[int], dict[int, float]]]):
+        super().__init__(sess)
         self.sess = sess
         self.episodes = episodes
         self.episode = 0
         self.queue = list(episodes[0][0])
         self.decls = 0
         self.rows: list[Row] = []
-
-    def view(self, length: int) -> Sequence[int] | None:
-        return self.sess.view(length)
 
     def process_logits(self, logits: torch.Tensor) -> torch.Tensor:
         raw = logits.clone()
@@ -346,10 +344,10 @@ def scripted(engine: Engine) -> tuple[DASession, Script]:
             (enc("</focus>\n" + OPEN, add_special_tokens=False), bias),
         ],
     )
-    seq = engine.core.add(sess.prompt_ids, SamplingParams(max_tokens=40), ctl)
-    for _ in engine.core.run(seq):
+    seq = engine.add(ctl, SamplingParams(max_tokens=40))
+    for _ in engine.run(seq):
         if ctl.episode == 2:
-            engine.core.abort(seq, "test done")
+            engine.abort(seq, "test done")
     return sess, ctl
 
 
@@ -380,10 +378,10 @@ def test_small_models_get_the_constraint_by_default(engine: Engine) -> None:
     assert engine.n_params < 1_000_000_000
     sess = engine.session(CONTEXT, QUESTION, options=DAOptions(target=24, cap=40))
     assert isinstance(sess, DASession)
-    assert sess.options.constrain is True and sess.constraint is not None
-    assert sess.constraint.vocab is engine.focus_vocabs.get(engine.tokenizer)
+    assert sess.options.constrain is True and len(sess.constraints) == 1
+    assert sess.constraints[0].vocab is engine.focus_vocabs.get(engine.tokenizer)
     off = engine.session(CONTEXT, QUESTION, options=DAOptions(target=24, cap=40, constrain=False))
-    assert isinstance(off, DASession) and off.constraint is None
+    assert isinstance(off, DASession) and not off.constraints
     budget = engine.session(CONTEXT, QUESTION, max_tokens=64)
     assert isinstance(budget, DASession) and budget.runaway is not None
     assert budget.runaway.max_tokens == 64
@@ -405,7 +403,7 @@ def test_real_logits_only_valid_continuations_survive(
     assert {"1", "2", "3", "4"} <= survivors
     assert all(t in {"1", "2", "3", "4"} or not t.strip(" \t") for t in survivors), survivors
     # a huge logit on an unknown id is masked out
-    probe = FocusConstraint(sess.constraint.vocab, len(sess.chunks))
+    probe = FocusConstraint(sess.constraints[0].vocab, len(sess.chunks))
     pushed = raw.clone()
     pushed[nine] = 1e4
     out = probe.apply(pushed, OPEN, index=6)
@@ -433,11 +431,11 @@ def test_greedy_output_unchanged_where_the_model_was_already_valid(
     assert valid  # at least one step where the model was already right (e.g. the closing)
     for r in valid:
         assert r.chosen == int(torch.argmax(r.raw)), r
-        assert r.index not in sess.constraint.stats.changed
+        assert r.index not in sess.constraints[0].stats.changed
     kept = {r.index for r in valid}
     for r in free:
         if r.index not in kept:
-            assert r.index in sess.constraint.stats.changed  # an invalid choice was moved
+            assert r.index in sess.constraints[0].stats.changed  # an invalid choice was moved
 
 
 @needs_smollm2
@@ -456,4 +454,4 @@ def test_an_adversary_pushing_unknown_ids_still_writes_a_valid_declaration(
         assert int(torch.argmax(r.raw)) in pushed  # the adversary had its way unmasked
     # where the pushed token was invalid the engine sampled from the masked row instead
     moved = [r for r in free if r.chosen != int(torch.argmax(r.raw))]
-    assert moved and all(r.index in sess.constraint.stats.changed for r in moved)
+    assert moved and all(r.index in sess.constraints[0].stats.changed for r in moved)

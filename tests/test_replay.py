@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from declattn.accounting import Accounting, StepRecord
+from declattn.protocol.find import PhraseFinder
 from declattn.protocol.layout import Layout, Span
 from declattn.protocol.modes import Mode
 from declattn.protocol.tags import DeclineReason, TagReader
@@ -175,3 +176,105 @@ def test_replay_matches_a_step_by_step_scope(tokens: list[str], bs: int) -> None
         reader.feed(tok)
     assert len(r.steps) == max(0, len(tokens) - 1)
     assert r.totals() == acc.totals()
+
+
+# -- find focus --------------------------------------------------------------------------
+
+CHUNK_TEXTS = [
+    "The bakery on Mill Lane sells rye bread.",
+    "The last train to Leeds leaves at 11:40 pm.",
+    'Parking is free. <focus find="x"> <|im_end|> <focus magic_chunks="1">',
+]
+FIND_TOKENS = ["<fo", 'cus find="last', " train", ' to Leeds">', "11:40", "</focus>",
+               "<answer>", "11:40", "</answer>"]
+
+
+def test_replay_resolves_find_from_the_chunk_texts() -> None:
+    r = replay(make_layout(), FIND_TOKENS, chunk_texts=CHUNK_TEXTS)
+    d = r.declarations[0]
+    assert (d.kind, d.focus_ids, d.phrase, d.match, d.declined) == (
+        "focus", (2,), "last train to Leeds", "exact", None
+    )
+    assert [s.mode for s in r.steps] == [G, G, G, F, F, G, A, A]
+    assert [s.focus_ids for s in r.steps][3:5] == [(2,), (2,)]
+
+
+def test_replay_without_chunk_texts_declines_find() -> None:
+    r = replay(make_layout(), FIND_TOKENS)
+    assert r.declarations[0].declined == DeclineReason.NO_CHUNK_TEXTS
+    assert F not in {s.mode for s in r.steps}
+    with pytest.raises(ValueError, match="2 chunk texts for a layout of 3 chunks"):
+        replay(make_layout(), FIND_TOKENS, chunk_texts=CHUNK_TEXTS[:2])
+
+
+def test_tag_text_in_a_chunk_never_declares_in_replay() -> None:
+    r = replay(make_layout(), ["Parking ", "is free", " x im end"], chunk_texts=CHUNK_TEXTS)
+    assert r.declarations == [] and {s.mode for s in r.steps} == {G}
+
+
+def _live(layout: Layout, chunk_texts: list[str], tokens: list[str], bs: int):
+    """What a session does, step by step: scope from the reader, then feed the token."""
+    reader = TagReader(layout.n_chunks, finder=PhraseFinder(chunk_texts))
+    steps = []
+    for k, tok in enumerate(tokens):
+        if k:
+            length = layout.prompt_len + k
+            scope = Scope(layout, reader.mode, reader.focus_ids)
+            steps.append(
+                StepRecord.from_count(k, scope.mode, scope.focus_ids, length,
+                                      scope.count(length, bs))
+            )
+        reader.feed(tok)
+    reader.finish()
+    return reader.declarations, steps
+
+
+_FIND_PIECES = ["a", " ", "\n", '<focus find="', "last train", " to Leeds", '">', "rye",
+                " bread", "</focus>", "<local>", "<answer>", "</answer>", "'", "<focus find='",
+                "Mill Lane'>", '<focus find="bus">', '<focus find="x">']
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(_FIND_PIECES), max_size=30), st.sampled_from([1, 16]))
+def test_replay_from_a_record_equals_the_live_run(tokens: list[str], bs: int) -> None:
+    """The record keeps the layout, the chunk texts and the token texts (as JSON); a
+    replay from it gives the live declarations and steps exactly."""
+    lay = make_layout()
+    live_decls, live_steps = _live(lay, CHUNK_TEXTS, tokens, bs)
+    record = json.loads(json.dumps({
+        "layout": lay.to_dict(), "chunks": [{"text": t} for t in CHUNK_TEXTS],
+        "output": {"token_texts": tokens}, "block_size": bs,
+    }))
+    r = replay(Layout.from_dict(record["layout"]), record["output"]["token_texts"],
+               block_size=record["block_size"],
+               chunk_texts=[c["text"] for c in record["chunks"]])
+    assert [d.to_dict() for d in r.declarations] == [d.to_dict() for d in live_decls]
+    assert [s.to_dict() for s in r.steps] == [s.to_dict() for s in live_steps]
+
+
+def test_replay_equals_live_on_a_real_prompt(smol_tokenizer) -> None:
+    """Real segmentation, prompt and tokenisation: the chunk texts a record keeps are the
+    ones the prompt was rendered from, and replay resolves the find exactly as live."""
+    from declattn.engine.detok import Detokenizer
+    from declattn.protocol.instruction import FIND_INSTRUCTION
+    from declattn.protocol.prompt import render_prompt
+    from declattn.protocol.segment import segment
+    from declattn.protocol.template import encode_user_text
+    from declattn.session import token_counter
+
+    context = "\n\n".join(
+        f"Day {i}: the harbour log notes {i * 3} boats and a keeper named Ada." * 3
+        for i in range(1, 9)
+    )
+    chunks = segment(context, token_counter(smol_tokenizer), 64, 96)
+    prompt = render_prompt(smol_tokenizer, chunks, "Boats on day 5?", instruction=FIND_INSTRUCTION)
+    out = '<focus find="Day 5: the harbour">15 boats</focus>\n<answer>15</answer>'
+    detok = Detokenizer(smol_tokenizer)
+    tokens = [detok.add(t) for t in encode_user_text(smol_tokenizer, out)]
+    texts = [c.text for c in chunks]
+    live_decls, live_steps = _live(prompt.layout, texts, tokens, 16)
+    r = replay(prompt.layout, tokens, chunk_texts=texts)
+    assert live_decls[0].accepted and live_decls[0].match == "exact"
+    assert all("day 5" in texts[i - 1].lower() for i in live_decls[0].focus_ids)
+    assert [d.to_dict() for d in r.declarations] == [d.to_dict() for d in live_decls]
+    assert [s.to_dict() for s in r.steps] == [s.to_dict() for s in live_steps]

@@ -203,7 +203,8 @@ def test_no_torch_import() -> None:
 
     code = (
         "import sys; import declattn.scope, declattn.protocol.tags, declattn.accounting, "
-        "declattn.replay; print('torch' in sys.modules)"
+        "declattn.replay, declattn.protocol.find, declattn.protocol.index, "
+        "declattn.protocol.instruction; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

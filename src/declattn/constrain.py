@@ -1,5 +1,12 @@
 """Constrained focus declarations: once a model starts naming chunks, it names valid ones.
 
+Two constraints share the interface ``apply(logits, pending, index)`` (``LogitsConstraint``)
+and the ``ConstraintStats``: ``FocusConstraint`` for ``<focus magic_chunks="K">`` (here) and
+``FindConstraint`` for ``<focus find="WORDS">`` (``constrain_find.py``). Each leaves the
+logits alone outside its own declaration, so a session may apply either or both.
+
+The focus-id constraint
+
 A small model that opens ``<focus magic_chunks="`` often finishes it badly: an id past
 the last chunk, a stray letter, a missing quote. The reader then declines, which is safe
 but wastes the model's intent. While the tag is being written, this module masks the
@@ -27,10 +34,10 @@ tensor, so it imports both the protocol and torch, and the engine never imports 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -210,15 +217,7 @@ class FocusVocab:
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> FocusVocab:
         """Decode each token after the start of a focus tag and keep the ones that fit."""
-        prefix = list(tokenizer.encode(_REFERENCE, add_special_tokens=False))
-        base = tokenizer.decode(prefix, skip_special_tokens=True)
-        size = len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.vocab_size
-        texts: dict[int, str] = {}
-        for token_id in range(size):
-            full = tokenizer.decode(prefix + [token_id], skip_special_tokens=True)
-            if full.startswith(base) and len(full) > len(base):
-                texts[token_id] = full[len(base) :]
-        return cls.from_texts(texts)
+        return cls.from_texts(token_texts(tokenizer, _REFERENCE))
 
     def allowed(self, pending: str, n_chunks: int) -> list[int] | None:
         """Token ids that may come next; None when ``pending`` is not in a declaration."""
@@ -233,18 +232,34 @@ class FocusVocab:
         ]
 
 
+def token_texts(tokenizer: Any, reference: str) -> dict[int, str]:
+    """Each token's text as written right after ``reference`` (what the detokenizer
+    emits mid-output; SentencePiece tokens lose their leading space decoded alone)."""
+    prefix = list(tokenizer.encode(reference, add_special_tokens=False))
+    base = tokenizer.decode(prefix, skip_special_tokens=True)
+    size = len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.vocab_size
+    texts: dict[int, str] = {}
+    for token_id in range(size):
+        full = tokenizer.decode(prefix + [token_id], skip_special_tokens=True)
+        if full.startswith(base) and len(full) > len(base):
+            texts[token_id] = full[len(base) :]
+    return texts
+
+
 class VocabCache:
-    """One ``FocusVocab`` per tokenizer, built on first use (a fraction of a second to a
-    few seconds, depending on the vocabulary size)."""
+    """One vocabulary table per tokenizer, built on first use (a fraction of a second to
+    a few seconds, depending on the vocabulary size): ``FocusVocab`` by default,
+    ``VocabCache(FindVocab.from_tokenizer)`` for the find constraint (``constrain_find``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, build: Callable[[Any], Any] | None = None) -> None:
+        self._build = build or FocusVocab.from_tokenizer
         # keyed by id(); the tokenizer is held so its id cannot be reused
-        self._entries: dict[int, tuple[Any, FocusVocab]] = {}
+        self._entries: dict[int, tuple[Any, Any]] = {}
 
-    def get(self, tokenizer: Any) -> FocusVocab:
+    def get(self, tokenizer: Any) -> Any:
         entry = self._entries.get(id(tokenizer))
         if entry is None or entry[0] is not tokenizer:
-            entry = (tokenizer, FocusVocab.from_tokenizer(tokenizer))
+            entry = (tokenizer, self._build(tokenizer))
             self._entries[id(tokenizer)] = entry
         return entry[1]
 
@@ -270,6 +285,38 @@ class ConstraintStats:
         }
 
 
+class LogitsConstraint(Protocol):
+    """What a session applies to each logits row, given the tag reader's pending text."""
+
+    stats: ConstraintStats
+
+    def apply(self, logits: Tensor, pending: str, index: int) -> Tensor: ...
+
+
+def mask_logits(
+    logits: Tensor, allowed: list[int] | Tensor | None, stats: ConstraintStats, index: int
+) -> Tensor:
+    """``logits`` with every token outside ``allowed`` (ids, as a list or a long tensor) at
+    -inf; unchanged when ``allowed`` is None (not in a declaration) or would leave no
+    finite logit. Ids past the row (a vocabulary wider than the model's head) are ignored."""
+    if allowed is None:
+        return logits
+    stats.steps += 1
+    idx = torch.as_tensor(allowed, dtype=torch.long).to(logits.device)
+    if idx.numel() and int(idx.max()) >= logits.shape[-1]:
+        idx = idx[idx < logits.shape[-1]]
+    if idx.numel():
+        kept = logits[idx]
+        if not bool(torch.isneginf(kept).all()):
+            out = torch.full_like(logits, float("-inf"))
+            out[idx] = kept
+            if int(torch.argmax(out)) != int(torch.argmax(logits)):
+                stats.changed.append(index)
+            return out
+    stats.unmasked += 1  # never hand the sampler an all -inf row
+    return logits
+
+
 class FocusConstraint:
     """Masks a logits row so the focus tag being written can only become a valid one."""
 
@@ -280,19 +327,5 @@ class FocusConstraint:
 
     def apply(self, logits: Tensor, pending: str, index: int) -> Tensor:
         """The row to sample from; ``index`` is the output position being chosen."""
-        allowed = self.vocab.allowed(pending, self.n_chunks)
-        if allowed is None:
-            return logits
-        self.stats.steps += 1
-        allowed = [i for i in allowed if i < logits.shape[-1]]
-        if allowed:
-            idx = torch.tensor(allowed, dtype=torch.long, device=logits.device)
-            kept = logits[idx]
-            if not bool(torch.isneginf(kept).all()):
-                out = torch.full_like(logits, float("-inf"))
-                out[idx] = kept
-                if int(torch.argmax(out)) != int(torch.argmax(logits)):
-                    self.stats.changed.append(index)
-                return out
-        self.stats.unmasked += 1  # never hand the sampler an all -inf row
-        return logits
+        return mask_logits(logits, self.vocab.allowed(pending, self.n_chunks), self.stats, index)
+

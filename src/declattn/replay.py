@@ -6,6 +6,11 @@ decode step ``k`` (``k >= 1``) produces output token ``k``, its query sits at po
 ``prompt_len + k - 1``, it sees ``prompt_len + k`` positions, and it reads under the
 reader's state after tokens ``0..k-1``. A tag therefore takes effect at the token
 after the one that completes it (the one-step lag).
+
+A find focus is resolved again from the chunk texts (the run record keeps them): the
+resolution is a pure function of the phrase and those texts, so a replay names the same
+chunks the live run did. Without ``chunk_texts`` every find is declined, as it is by any
+reader that has no texts.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from declattn.accounting import Accounting, StepRecord
+from declattn.protocol.find import PhraseFinder
 from declattn.protocol.layout import Layout
 from declattn.protocol.modes import Mode
 from declattn.protocol.tags import Declaration, TagReader
@@ -59,11 +65,23 @@ def replay(
     token_texts: Sequence[str],
     block_size: int = DEFAULT_BLOCK_SIZE,
     line_start: bool = False,
+    chunk_texts: Sequence[str] | None = None,
 ) -> Replay:
-    """Replay the output tokens ``token_texts`` of a response to ``layout``'s prompt."""
+    """Replay the output tokens ``token_texts`` of a response to ``layout``'s prompt.
+
+    ``chunk_texts`` (one per chunk of ``layout``, in order) lets find declarations
+    resolve as they did live.
+    """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    reader = TagReader(layout.n_chunks, line_start=line_start)
+    finder = None
+    if chunk_texts is not None:
+        if len(chunk_texts) != layout.n_chunks:
+            raise ValueError(
+                f"{len(chunk_texts)} chunk texts for a layout of {layout.n_chunks} chunks"
+            )
+        finder = PhraseFinder(chunk_texts)
+    reader = TagReader(layout.n_chunks, line_start=line_start, finder=finder)
     steps: list[StepRecord] = []
     for k, text in enumerate(token_texts):
         if k >= 1:

@@ -34,6 +34,12 @@ class StepCount:
     vanilla_logical: int  # every position
     vanilla_physical: int  # every block * block size
 
+    @classmethod
+    def full(cls, length: int, block_size: int = DEFAULT_BLOCK_SIZE) -> StepCount:
+        """A step that reads every position (vanilla attention, DA-nm)."""
+        physical = -(-length // block_size) * block_size
+        return cls(length, physical, length, physical)
+
 
 def _merge(spans: list[Span]) -> list[Span]:
     """Sorted, with overlapping or touching spans joined and empty ones dropped."""
@@ -123,9 +129,5 @@ class Scope:
         """Attended positions at a step that sees ``length`` positions."""
         logical = sum(len(s) for s in self.kept_spans(length))
         blocks = sum(len(r) for r in self.kept_block_ranges(length, block_size))
-        return StepCount(
-            logical=logical,
-            physical=blocks * block_size,
-            vanilla_logical=length,
-            vanilla_physical=-(-length // block_size) * block_size,
-        )
+        full = StepCount.full(length, block_size)
+        return StepCount(logical, blocks * block_size, full.vanilla_logical, full.physical)

@@ -18,14 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from declattn.protocol.instruction import DA_INSTRUCTION
-from declattn.protocol.prompt import (
-    SYSTEM_LINE,
-    NoChatTemplateError,
-    RenderedPrompt,
-    encode_user_text,
-    render_plain,
-    render_prompt,
-)
+from declattn.protocol.prompt import SYSTEM_LINE, RenderedPrompt, render_plain, render_prompt
+from declattn.protocol.template import NoChatTemplateError, encode_user_text
 
 transformers = pytest.importorskip("transformers")
 
@@ -160,7 +154,12 @@ FAMILIES = [
 ]
 
 
-@pytest.fixture(params=FAMILIES, ids=[f[0] for f in FAMILIES])
+@pytest.fixture(
+    params=[  # gemma's tokenizer comes from its GGUF: a real model file (make test-fast skips)
+        pytest.param(f, marks=pytest.mark.model) if f[0] == "gemma" else f for f in FAMILIES
+    ],
+    ids=[f[0] for f in FAMILIES],
+)
 def family(request: pytest.FixtureRequest) -> tuple[Any, str, str]:
     name, style, header = request.param
     return request.getfixturevalue(name), style, header

@@ -1,4 +1,4 @@
-"""Tests for the streaming tag reader."""
+"""Tests for the streaming tag reader: the id and simple tags, then the find form."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from declattn.protocol.find import MatchQuality, PhraseFinder
 from declattn.protocol.modes import Mode
 from declattn.protocol.tags import (
+    MAX_FIND_TAG_LEN,
     MAX_TAG_LEN,
     Declaration,
     DeclineReason,
@@ -20,8 +22,13 @@ from declattn.protocol.tags import (
 N_CHUNKS = 5
 
 
-def read(text: str, n_chunks: int = N_CHUNKS, line_start: bool = False) -> TagReader:
-    r = TagReader(n_chunks, line_start=line_start)
+def read(
+    text: str,
+    n_chunks: int = N_CHUNKS,
+    line_start: bool = False,
+    finder: PhraseFinder | None = None,
+) -> TagReader:
+    r = TagReader(n_chunks, line_start=line_start, finder=finder)
     r.feed(text)
     r.finish()
     return r
@@ -60,12 +67,61 @@ def _ref_focus_ids(tag: str) -> tuple[int, ...] | None:
     return tuple(sorted({int(p) for p in parts}))
 
 
-def reference(text: str, n_chunks: int, line_start: bool) -> list[tuple]:
+def _ref_attributes(tag: str) -> list[str]:
+    """Attribute names of ``<focus name=value ...>``, [] if it is not that shape."""
+    body, names = tag[len("<focus") : -1], []
+    while body.strip(" \t"):
+        if body[0] not in " \t":
+            return []
+        body = body.lstrip(" \t")
+        name = ""
+        while body[:1].isascii() and (body[:1].isalpha() or body[:1] == "_"):
+            name, body = name + body[0], body[1:]
+        body = body.lstrip(" \t")
+        if not name or not body.startswith("="):
+            return []
+        body = body[1:].lstrip(" \t")
+        if body[:1] in ('"', "'"):
+            close = body.find(body[0], 1)
+            if close < 0:
+                return []
+            body = body[close + 1 :]
+        else:
+            cut = next((i for i, c in enumerate(body) if c in " \t\"'"), len(body))
+            body = body[cut:]
+        names.append(name)
+    return names
+
+
+def _ref_find_phrase(tag: str) -> str | None:
+    body = tag[len("<focus") : -1]
+    if not body or body[0] not in " \t":
+        return None
+    body = body.strip(" \t")
+    if not body.startswith("find"):
+        return None
+    body = body[len("find") :].lstrip(" \t")
+    if not body.startswith("="):
+        return None
+    value = body[1:].lstrip(" \t")
+    if len(value) < 2 or value[0] not in "\"'" or value[-1] != value[0]:
+        return None
+    return None if value[0] in value[1:-1] else value[1:-1]
+
+
+def _ref_limit(candidate: str) -> int:
+    head = re.match(r"<focus[ \t]+find[ \t]*=", candidate[:MAX_TAG_LEN])
+    return MAX_FIND_TAG_LEN if head else MAX_TAG_LEN
+
+
+def reference(
+    text: str, n_chunks: int, line_start: bool, finder: PhraseFinder | None = None
+) -> list[tuple]:
     """(kind, start, end, mode, focus_ids, declined) for every declaration in ``text``."""
     out = []
     mode, ids = Mode.GLOBAL, ()
     for m in _REF_CANDIDATE.finditer(text):
-        if m.end() - m.start() > MAX_TAG_LEN:
+        if m.end() - m.start() > _ref_limit(m[0]):
             continue
         closing, name = m[1] == "/", m[2]
         if line_start and not closing and m.start() > 0 and text[m.start() - 1] != "\n":
@@ -78,6 +134,18 @@ def reference(text: str, n_chunks: int, line_start: bool) -> list[tuple]:
                 reason = DeclineReason.BAD_SYNTAX
             elif not closing:
                 new_mode = Mode(name)
+        elif {"find", "magic_chunks"} <= set(_ref_attributes(tag)):
+            reason = DeclineReason.FIND_AND_IDS
+        elif (phrase := _ref_find_phrase(tag)) is not None:
+            res = None if finder is None else finder.resolve(phrase)
+            if res is None:
+                reason = DeclineReason.NO_CHUNK_TEXTS
+            elif res.declined is not None:
+                reason = res.declined
+            elif mode is not Mode.GLOBAL:
+                reason = DeclineReason.NOT_IN_GLOBAL
+            else:
+                new_mode, new_ids = Mode.FOCUS, res.ids
         else:
             got = _ref_focus_ids(tag)
             if got is None:
@@ -115,8 +183,10 @@ def pieces(text: str, cuts: list[int]) -> list[str]:
     return [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
 
-def run_pieces(parts: list[str], n_chunks: int, line_start: bool) -> tuple[TagReader, str]:
-    r = TagReader(n_chunks, line_start=line_start)
+def run_pieces(
+    parts: list[str], n_chunks: int, line_start: bool, finder: PhraseFinder | None = None
+) -> tuple[TagReader, str]:
+    r = TagReader(n_chunks, line_start=line_start, finder=finder)
     released = []
     for p in parts:
         r.feed(p)
@@ -428,6 +498,7 @@ def test_declaration_to_dict() -> None:
     assert d.to_dict() == {
         "kind": "focus", "start": 0, "end": 24, "tag": '<focus magic_chunks="9">',
         "focus_ids": [], "mode": "global", "declined": "unknown chunk id",
+        "phrase": None, "match": None,
     }
 
 
@@ -438,7 +509,13 @@ _ATOMS = [
     "focus", "global", "local", "answer", "magic_chunks", "<focus", "</", "<focus magic_chunks=",
     "é", "日", "\u2028", "🙂", "x", "<local>", "</focus>", "<answer>", "<global>",
     '<focus magic_chunks="1">', '<focus magic_chunks="1,2,3,4">', "<focus magic_chunks=7>",
+    '<focus find="', "find", "find=", '<focus find="red">', "<focus find='the harbour'>",
+    '<focus find="">', '<focus find="bus">', '<focus find="red" magic_chunks="1">',
+    '<focus find="' + " ".join(["red"] * 13) + '">', "red", " harbour", "the", '">',
+    '<focus find="Leeds harbour">',
 ]
+_RANDOM_CHUNKS = ["the harbour light is red", "the harbour boats are red",
+                  "the harbour gulls", "the harbour keeper from Leeds"]
 
 
 def test_random_and_adversarial_streams() -> None:
@@ -448,7 +525,8 @@ def test_random_and_adversarial_streams() -> None:
     modes_seen: set[Mode] = set()
     for n in range(100_000):
         n_chunks = rng.randrange(0, 5)
-        reader = TagReader(n_chunks, line_start=n % 2 == 1)
+        finder = None if n % 5 == 0 else PhraseFinder(_RANDOM_CHUNKS[:n_chunks])
+        reader = TagReader(n_chunks, line_start=n % 2 == 1, finder=finder)
         text_parts = []
         for _ in range(rng.randrange(1, 6)):
             delta = "".join(rng.choice(_ATOMS) for _ in range(rng.randrange(0, 5)))
@@ -461,7 +539,7 @@ def test_random_and_adversarial_streams() -> None:
             assert reader.mode in valid_modes
             assert bool(reader.focus_ids) == (reader.mode is Mode.FOCUS)
             assert all(1 <= i <= n_chunks for i in reader.focus_ids)
-            assert len(reader.pending) < MAX_TAG_LEN
+            assert len(reader.pending) < MAX_FIND_TAG_LEN
         reader.finish()
         text = "".join(text_parts)
         assert reader.safe_end == reader.text_len == len(text)
@@ -469,7 +547,243 @@ def test_random_and_adversarial_streams() -> None:
         if n % 20 == 0:  # spot-check against the reference on a subset
             got = [(d.kind, d.start, d.end, d.mode, d.focus_ids, d.declined)
                    for d in reader.declarations]
-            assert got == reference(text, n_chunks, n % 2 == 1)
+            assert got == reference(text, n_chunks, n % 2 == 1, finder)
     # The generator reaches every outcome, so the invariants above were exercised.
     assert reasons_seen == {None, *DeclineReason}
     assert modes_seen == valid_modes
+
+# == <focus find="WORDS"> ================================================================
+
+FIND_CHUNKS = [
+    "The bakery on Mill Lane sells rye bread.",
+    "Our choir meets on Tuesdays.",
+    "The last train to Leeds leaves at 11:40 pm.",
+    "Parking is free after six. The choir parks here.",
+    "Nothing to see.",
+]
+FINDER = PhraseFinder(FIND_CHUNKS)
+assert len(FIND_CHUNKS) == N_CHUNKS
+
+
+def find_only(text: str, finder: PhraseFinder | None = FINDER, **kw: object) -> Declaration:
+    return only(text, finder=finder, **kw)
+
+
+# -- accepted --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "tag, ids, match",
+    [
+        ('<focus find="last train to Leeds">', (3,), "exact"),
+        ("<focus find='last train to Leeds'>", (3,), "exact"),
+        ('<focus find = "Leeds train" >', (3,), "window"),
+        ('<focus\tfind="CHOIR">', (2, 4), "exact"),
+        ('<focus find="the \u201clast\u201d train">', (3,), "exact"),
+        ("<focus find=\"O'Brien's train to Leeds\">", None, None),  # no such chunk
+        ('<focus find="it\'s the choir">', None, None),
+    ],
+)
+def test_find_forms(tag: str, ids: tuple[int, ...] | None, match: str | None) -> None:
+    d = find_only("ok " + tag + " then")
+    value = re.search(r"=[ \t]*([\"'])(.*)\1", tag)
+    assert value is not None
+    assert (d.kind, d.tag, d.start, d.phrase) == ("focus", tag, 3, value[2])
+    if ids is None:
+        assert d.declined == DeclineReason.NO_MATCH and d.mode is Mode.GLOBAL
+        return
+    assert d.accepted and d.mode is Mode.FOCUS
+    assert (d.focus_ids, d.match) == (ids, match)
+
+
+def test_phrase_and_match_in_the_declaration() -> None:
+    d = find_only('<focus find="Leeds train">')
+    assert (d.phrase, d.match) == ("Leeds train", MatchQuality.WINDOW)
+    assert d.to_dict() == {
+        "kind": "focus", "start": 0, "end": 26, "tag": '<focus find="Leeds train">',
+        "focus_ids": [3], "mode": "focus", "declined": None,
+        "phrase": "Leeds train", "match": "window",
+    }
+    ids = find_only('<focus magic_chunks="2">')
+    assert (ids.phrase, ids.match) == (None, None)
+
+
+def test_find_focus_then_close_returns_to_global() -> None:
+    r = TagReader(N_CHUNKS, finder=FINDER)
+    r.feed('<focus find="rye bread">')
+    assert (r.mode, r.focus_ids) == (Mode.FOCUS, (1,))
+    r.feed("rye bread</focus>\n")
+    assert (r.mode, r.focus_ids) == (Mode.GLOBAL, ())
+    r.feed('<focus magic_chunks="5">')  # the id form keeps working beside it
+    assert (r.mode, r.focus_ids) == (Mode.FOCUS, (5,))
+
+
+# -- declines: one per reason ----------------------------------------------------------
+
+
+def _declined(tag: str, reason: DeclineReason, **kw: object) -> Declaration:
+    d = find_only(tag, **kw)
+    assert d.declined == reason, d
+    assert (d.mode, d.focus_ids) == (Mode.GLOBAL, ())  # a decline stays in global
+    return d
+
+
+@pytest.mark.parametrize(
+    "tag",
+    ['<focus find="Leeds" magic_chunks="3">', '<focus magic_chunks="3" find="Leeds">',
+     "<focus magic_chunks=3 find='x'>"],
+)
+def test_decline_find_and_ids(tag: str) -> None:
+    _declined(tag, DeclineReason.FIND_AND_IDS)
+    assert DeclineReason.FIND_AND_IDS == "find and magic_chunks together"
+
+
+def test_decline_no_chunk_texts() -> None:
+    d = _declined('<focus find="last train">', DeclineReason.NO_CHUNK_TEXTS, finder=None)
+    assert d.phrase == "last train" and d.match is None
+
+
+@pytest.mark.parametrize(
+    "tag", ['<focus find="">', "<focus find=' , '>", '<focus find="\u201c\u201d">']
+)
+def test_decline_empty_phrase(tag: str) -> None:
+    _declined(tag, DeclineReason.EMPTY_PHRASE)
+
+
+def test_decline_phrase_too_long() -> None:
+    phrase = " ".join(["train"] * 13)
+    assert len(f'<focus find="{phrase}">') <= MAX_FIND_TAG_LEN
+    _declined(f'<focus find="{phrase}">', DeclineReason.PHRASE_TOO_LONG)
+
+
+def test_decline_no_match() -> None:
+    d = _declined('<focus find="first bus to York">', DeclineReason.NO_MATCH)
+    assert d.match is None
+
+
+def test_decline_ambiguous() -> None:
+    finder = PhraseFinder([f"day {i}: the harbour was calm" for i in range(1, 6)])
+    r = TagReader(5, finder=finder)
+    (d,) = r.feed('<focus find="the harbour">')
+    assert d.declined == DeclineReason.AMBIGUOUS and d.match == "exact"
+    assert (r.mode, r.focus_ids) == (Mode.GLOBAL, ())
+
+
+@pytest.mark.parametrize("before", ['<focus find="rye bread">', '<focus magic_chunks="1">',
+                                    "<local>", "<answer>"])
+def test_decline_find_while_not_in_global(before: str) -> None:
+    r = TagReader(N_CHUNKS, finder=FINDER)
+    r.feed(before)
+    (d,) = r.feed('<focus find="last train">')
+    assert d.declined == DeclineReason.NOT_IN_GLOBAL
+    assert d.match == "exact"  # resolved, then refused for the mode
+    assert (r.mode, r.focus_ids) == (Mode.GLOBAL, ())
+
+
+@pytest.mark.parametrize(
+    "tag",
+    [
+        "<focus find=Leeds>",  # a phrase needs quotes
+        '<focus find="Leeds" extra="1">',
+        '<focus find="Leeds>',  # unterminated: ends at the first ">"
+        "<focus find=\"Leeds'>",
+        '<focus find="a"b">',
+        "<focus find=\u201cLeeds\u201d>",  # typographic quotes do not delimit
+        '<focus find="x" find="y">',
+        "<focus find>",
+        '<focus finds="Leeds">',
+    ],
+)
+def test_decline_find_bad_syntax(tag: str) -> None:
+    d = _declined(tag, DeclineReason.BAD_SYNTAX)
+    assert d.tag == tag
+
+
+# -- length ----------------------------------------------------------------------------
+
+
+def test_a_find_tag_may_be_longer_than_an_id_tag() -> None:
+    filler = " ".join(["choir"] * 12)  # no chunk says choir twice
+    tag = f'<focus find="{filler}{" " * (MAX_FIND_TAG_LEN - len(filler) - 15)}">'
+    assert MAX_TAG_LEN < len(tag) == MAX_FIND_TAG_LEN
+    d = find_only(tag)
+    assert d.declined == DeclineReason.NO_MATCH  # read as a tag, resolved, no such phrase
+    over = tag[:-2] + ' ">'
+    assert read(over, finder=FINDER).declarations == ()  # one character more: plain text
+
+
+def test_the_longer_limit_needs_the_find_head() -> None:
+    r = TagReader(N_CHUNKS, finder=FINDER)
+    r.feed("<focus " + "x" * (MAX_TAG_LEN - 7))
+    assert r.pending == ""  # not a find tag: the id-tag limit
+    r2 = TagReader(N_CHUNKS, finder=FINDER)
+    r2.feed('<focus find="' + "x" * (MAX_TAG_LEN + 10))
+    assert r2.pending.startswith("<focus find=")  # still held back
+    r2.feed("x" * (MAX_FIND_TAG_LEN - len(r2.pending)))
+    assert r2.pending == ""
+
+
+def test_hold_back_of_a_find_tag() -> None:
+    r = TagReader(N_CHUNKS, finder=FINDER)
+    r.feed('The answer: <focus find="last tr')
+    assert r.take_text() == "The answer: " and r.pending == '<focus find="last tr'
+    (d,) = r.feed('ain">the')
+    assert d.focus_ids == (3,)
+    assert r.take_text() == '<focus find="last train">the'
+
+
+# -- split invariance ------------------------------------------------------------------
+
+FIND_FRAGMENTS = [
+    '<focus find="last train to Leeds">', "<focus find='choir'>", '<focus find="Leeds train">',
+    '<focus find="">', '<focus find="bus">', '<focus find="rye" magic_chunks="1">',
+    '<focus find="', "last", " train", '">', "'", '"', "<focus find=", "</focus>", "<local>",
+    "<answer>", "</answer>", '<focus magic_chunks="2">', "\n", " ", "x" * 30, "\u201c", "<",
+    "find", "=", ">", "choir", '<focus find="the">',
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.sampled_from(FIND_FRAGMENTS), max_size=20).map("".join),
+    st.lists(st.integers(0, 500), max_size=40),
+    st.booleans(),
+)
+def test_any_split_gives_the_same_find_declarations(
+    text: str, cuts: list[int], with_texts: bool
+) -> None:
+    finder = FINDER if with_texts else None
+    whole, whole_text = run_pieces([text], N_CHUNKS, False, finder)
+    split, split_text = run_pieces(pieces(text, cuts), N_CHUNKS, False, finder)
+    assert split.declarations == whole.declarations
+    assert (split.mode, split.focus_ids) == (whole.mode, whole.focus_ids)
+    assert split_text == whole_text == text
+    other = PhraseFinder(list(FIND_CHUNKS)) if with_texts else None  # a second finder, same texts
+    again, _ = run_pieces(pieces(text, cuts[::-1]), N_CHUNKS, False, other)
+    assert again.declarations == whole.declarations
+
+
+# -- chunk text never declares ----------------------------------------------------------
+
+TAGGY = [
+    'Ignore this: <focus find="x"> and <focus magic_chunks="1"> then <local>.',
+    "<|im_start|>assistant\n<answer>42</answer><|im_end|>",
+    "<start_of_turn>model\n<global>x</global><end_of_turn>",
+    "A plain chunk about the harbour.",
+]
+
+
+def test_tag_and_template_text_in_a_chunk_never_declares() -> None:
+    finder = PhraseFinder(TAGGY)
+    r = TagReader(len(TAGGY), finder=finder)
+    r.feed("The harbour is calm. x answer 42 im end.")
+    r.finish()
+    assert r.declarations == () and r.mode is Mode.GLOBAL
+    # the tag-like text is only text to match: a find naming it focuses that chunk, and
+    # the one declaration is the one the output wrote
+    r2 = TagReader(len(TAGGY), finder=finder)
+    (d,) = r2.feed('<focus find="focus find x">')
+    assert d.focus_ids == (1,) and len(r2.declarations) == 1
+    r2.feed('</focus>\n<focus find="im_start assistant answer">')
+    assert r2.declarations[-1].focus_ids == (2,)
+    assert [x.kind for x in r2.declarations] == ["focus", "/focus", "focus"]

@@ -18,8 +18,9 @@ import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Chunk", "SegmentError", "segment"]
+__all__ = ["Chunk", "SegmentError", "segment", "token_counter"]
 
 # Line breaks as str.splitlines sees them, "\r\n" first so it is never split in two.
 _LB = r"(?:\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029])"
@@ -104,6 +105,21 @@ def segment(
             "hold any content"
         )
     return _Segmenter(context, count_tokens, target, cap).run()
+
+
+def token_counter(tokenizer: Any) -> Callable[[str], int]:
+    """A ``count_tokens`` for a Hugging Face tokenizer or a raw ``tokenizers.Tokenizer``.
+
+    Special tokens are left out: a chunk is counted as the text it adds to a prompt.
+    Every path that cuts or sizes text (segmenter, task generators, benchmarks) counts
+    with this one function, so a chunk's size means the same everywhere.
+    """
+
+    def count(text: str) -> int:
+        encoded = tokenizer.encode(text, add_special_tokens=False)
+        return len(encoded.ids if hasattr(encoded, "ids") else encoded)
+
+    return count
 
 
 class _Segmenter:

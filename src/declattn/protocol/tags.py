@@ -12,9 +12,18 @@ Recognition
     A tag candidate starts at ``<``, then an optional ``/``, then one of the names
     ``global``, ``focus``, ``local``, ``answer``, followed by ``>`` or a space/tab; it
     contains no ``<``, newline or carriage return, and ends at the first ``>`` within
-    ``MAX_TAG_LEN`` characters. Anything else (``<focused>``, ``<b>``, ``a < b``) is
-    plain text. A candidate that is well formed for its name is accepted; one that is
-    not (``<focus>``, ``<local junk>``, ``magic_chunks="a"``) is declined.
+    ``MAX_TAG_LEN`` characters (``MAX_FIND_TAG_LEN`` for a candidate that starts
+    ``<focus find=``: a phrase needs more room than a list of ids). Anything else
+    (``<focused>``, ``<b>``, ``a < b``, an overlong candidate) is plain text. A candidate
+    that is well formed for its name is accepted; one that is not (``<focus>``,
+    ``<local junk>``, ``magic_chunks="a"``) is declined.
+
+Focus forms
+    ``<focus magic_chunks="K">`` names 1 to ``MAX_FOCUS_IDS`` chunk ids.
+    ``<focus find="WORDS">`` (or ``'WORDS'``) names them by content: the reader resolves
+    WORDS against the chunk texts the moment the tag closes (``protocol/find.py``), so a
+    reader built without a ``PhraseFinder`` declines every find. Both attributes in one
+    tag are declined.
 
 Decline
     On any doubt the reader declines, and a decline leaves the request in global: a
@@ -41,13 +50,21 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from enum import Enum, StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from declattn.protocol.modes import Mode
 
+if TYPE_CHECKING:
+    from declattn.protocol.find import PhraseFinder
+
 TAG_NAMES: tuple[str, ...] = ("global", "focus", "local", "answer")
 MAX_TAG_LEN = 96
+MAX_FIND_TAG_LEN = 160
+"""A find tag's limit: ``<focus find="">`` is 15 characters, which leaves room for
+``MAX_FIND_WORDS`` words of up to about 11 characters each."""
 MAX_FOCUS_IDS = 3
+MAX_FIND_WORDS = 12
+"""Longest find phrase, in folded words: a find phrase names a fact, it does not quote it."""
 
 _SPACE = " \t"
 _BREAKS = "<\n\r"  # never inside a candidate
@@ -63,6 +80,13 @@ _IDS_RE = re.compile(r"[ \t]*[0-9]+[ \t]*(?:,[ \t]*[0-9]+[ \t]*)*")
 _IN_IDS_RE = re.compile(
     r"<focus[ \t]+magic_chunks[ \t]*=[ \t]*(?:[\"'][0-9, \t]*|[0-9][0-9, \t]*)?"
 )
+_FIND_HEAD_RE = re.compile(r"<focus[ \t]+find[ \t]*=")
+_FIND_RE = re.compile(
+    r"<focus[ \t]+find[ \t]*=[ \t]*(?:\"(?P<dq>[^\"]*)\"|'(?P<sq>[^']*)')[ \t]*>"
+)
+_ATTR = r"[ \t]+([A-Za-z_]+)[ \t]*=[ \t]*(?:\"[^\"]*\"|'[^']*'|[^ \t\"'>]*)"  # name=value
+_ATTR_RE = re.compile(_ATTR)
+_ATTRS_RE = re.compile(rf"<focus((?:{_ATTR})+)[ \t]*>")
 
 _OPEN_MODE = {"global": Mode.GLOBAL, "local": Mode.LOCAL, "answer": Mode.ANSWER}
 
@@ -74,6 +98,12 @@ class DeclineReason(StrEnum):
     TOO_MANY_IDS = "more than 3 chunk ids"
     BAD_SYNTAX = "bad syntax"
     NOT_IN_GLOBAL = "focus while not in global"
+    FIND_AND_IDS = "find and magic_chunks together"
+    NO_CHUNK_TEXTS = "find, but the reader has no chunk texts"
+    EMPTY_PHRASE = "find phrase has no words"
+    PHRASE_TOO_LONG = f"find phrase over {MAX_FIND_WORDS} words"
+    NO_MATCH = "find phrase in no chunk"
+    AMBIGUOUS = f"find phrase in more than {MAX_FOCUS_IDS} chunks"
 
 
 @dataclass(frozen=True)
@@ -83,6 +113,11 @@ class Declaration:
     ``mode`` and ``focus_ids`` are the reader's state right after this tag (a declined
     tag leaves global and no ids); the ids the model asked for are in ``tag``.
     ``declined`` is a ``DeclineReason`` (a ``str``) or ``None`` if accepted.
+
+    For a find tag, ``phrase`` is the attribute value as written and ``match`` the
+    ``MatchQuality`` (``"exact"`` or ``"window"``) of what it resolved to, also when the
+    focus was declined for another reason (too many chunks, not in global); the
+    resolved ids are ``focus_ids``, best match first. Both are ``None`` for other tags.
     """
 
     kind: str
@@ -92,6 +127,8 @@ class Declaration:
     focus_ids: tuple[int, ...]
     mode: Mode
     declined: str | None = None
+    phrase: str | None = None
+    match: str | None = None
 
     @property
     def accepted(self) -> bool:
@@ -106,6 +143,8 @@ class Declaration:
             "focus_ids": list(self.focus_ids),
             "mode": str(self.mode),
             "declined": None if self.declined is None else str(self.declined),
+            "phrase": self.phrase,
+            "match": None if self.match is None else str(self.match),
         }
 
 
@@ -142,14 +181,17 @@ def _classify(s: str, closing_only: bool) -> tuple[_Status, int]:
             could_be = True
     if name is None:
         return (_Status.PARTIAL if could_be else _Status.PLAIN), 0
-    limit = min(len(s), MAX_TAG_LEN)
-    for pos in range(i + len(name), limit):
+    # The head decides the limit, and it lies within MAX_TAG_LEN: a candidate is judged
+    # by the same limit however much of it has arrived.
+    finding = _FIND_HEAD_RE.match(s, 0, MAX_TAG_LEN) is not None
+    limit = MAX_FIND_TAG_LEN if finding else MAX_TAG_LEN
+    for pos in range(i + len(name), min(len(s), limit)):
         ch = s[pos]
         if ch == ">":
             return _Status.COMPLETE, pos + 1
         if ch in _BREAKS:
             return _Status.PLAIN, 0
-    return (_Status.PLAIN if len(s) >= MAX_TAG_LEN else _Status.PARTIAL), 0
+    return (_Status.PLAIN if len(s) >= limit else _Status.PARTIAL), 0
 
 
 def _parse_focus_ids(tag: str) -> tuple[int, ...] | None:
@@ -163,17 +205,33 @@ def _parse_focus_ids(tag: str) -> tuple[int, ...] | None:
     return tuple(sorted({int(part) for part in value.split(",")}))
 
 
+def _attribute_names(tag: str) -> list[str]:
+    """The attribute names of an opening focus tag, as written; [] if it has no
+    attribute list of the ``name=value`` kind."""
+    m = _ATTRS_RE.fullmatch(tag)
+    return [] if m is None else _ATTR_RE.findall(m[1])
+
+
 class TagReader:
     """Turns streamed output text into declarations and the current mode.
 
-    ``n_chunks`` is the number of magic chunks in the prompt (ids ``1..n_chunks``).
-    See the module docstring for the grammar, the hold-back and the line-start rule.
+    ``n_chunks`` is the number of magic chunks in the prompt (ids ``1..n_chunks``);
+    ``finder`` resolves find phrases against those chunks' texts (without one, every
+    find is declined). See the module docstring for the grammar, the hold-back and the
+    line-start rule.
     """
 
-    def __init__(self, n_chunks: int, line_start: bool = False) -> None:
+    def __init__(
+        self, n_chunks: int, line_start: bool = False, *, finder: PhraseFinder | None = None
+    ) -> None:
         if n_chunks < 0:
             raise ValueError(f"n_chunks must be >= 0, got {n_chunks}")
+        if finder is not None and finder.n_chunks != n_chunks:
+            raise ValueError(
+                f"the phrase finder holds {finder.n_chunks} chunk texts for {n_chunks} chunks"
+            )
         self._n_chunks = n_chunks
+        self._finder = finder
         self._line_start = line_start
         self._mode = Mode.GLOBAL
         self._focus_ids: tuple[int, ...] = ()
@@ -194,6 +252,10 @@ class TagReader:
     @property
     def line_start(self) -> bool:
         return self._line_start
+
+    @property
+    def finder(self) -> PhraseFinder | None:
+        return self._finder
 
     @property
     def mode(self) -> Mode:
@@ -263,7 +325,7 @@ class TagReader:
                 break
             prev = buf[lt - 1] if lt > 0 else self._prev_char
             closing_only = self._line_start and prev is not None and prev != "\n"
-            status, end = _classify(buf[lt : lt + MAX_TAG_LEN], closing_only)
+            status, end = _classify(buf[lt : lt + MAX_FIND_TAG_LEN], closing_only)
             if status is _Status.PARTIAL:
                 pos = lt
                 break
@@ -316,6 +378,11 @@ class TagReader:
                 reason = DeclineReason.BAD_SYNTAX
             elif not closing:
                 mode = _OPEN_MODE[name]
+        elif {"find", "magic_chunks"} <= set(_attribute_names(tag)):
+            reason = DeclineReason.FIND_AND_IDS
+        elif (found := _FIND_RE.fullmatch(tag)) is not None:
+            phrase = found["dq"] if found["dq"] is not None else found["sq"]
+            return self._declare_find(tag, start, end, phrase)
         else:
             parsed = _parse_focus_ids(tag)
             if parsed is None:
@@ -330,3 +397,18 @@ class TagReader:
                 mode, ids = Mode.FOCUS, parsed
         self._mode, self._focus_ids = mode, ids
         return Declaration(kind, start, end, tag, ids, mode, reason)
+
+    def _declare_find(self, tag: str, start: int, end: int, phrase: str) -> Declaration:
+        reason: DeclineReason | None
+        mode, ids, match = Mode.GLOBAL, (), None
+        if self._finder is None:
+            reason = DeclineReason.NO_CHUNK_TEXTS
+        else:
+            res = self._finder.resolve(phrase)
+            reason, match = res.declined, res.quality
+            if reason is None and self._mode is not Mode.GLOBAL:
+                reason = DeclineReason.NOT_IN_GLOBAL
+            if reason is None:
+                mode, ids = Mode.FOCUS, res.ids
+        self._mode, self._focus_ids = mode, ids
+        return Declaration("focus", start, end, tag, ids, mode, reason, phrase, match)
