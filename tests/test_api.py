@@ -26,13 +26,13 @@ def loaded(smol_tokenizer) -> LoadedModel:
 
 def test_the_default_pool_holds_one_whole_context_when_that_is_smaller(loaded) -> None:
     assert 1024 + 16 < DEFAULT_KV_TOKENS
-    assert Engine(loaded).core.cache.config.num_blocks == (1024 + 16) // 16
+    assert Engine(loaded).pool.num_blocks == (1024 + 16) // 16
 
 
 def test_an_explicit_pool_is_kept_even_beyond_one_context(loaded) -> None:
     # a batch of many sequences needs more than one sequence's context
-    assert Engine(loaded, kv_tokens=64 * 1024).core.cache.config.num_blocks == 4096
-    assert Engine(loaded, kv_tokens=20).core.cache.config.num_blocks == 2  # whole blocks
+    assert Engine(loaded, kv_tokens=64 * 1024).pool.num_blocks == 4096
+    assert Engine(loaded, kv_tokens=20).pool.num_blocks == 2  # whole blocks
 
 
 def test_an_empty_pool_is_refused(loaded) -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from declattn.api import Engine
+from declattn.engine.controller import Forced
 from declattn.engine.loader import LoadedModel
 from declattn.engine.models import Decoder, ModelConfig
 from declattn.engine.sampler import SamplingParams
@@ -31,25 +32,6 @@ TRANSCRIPT = (
 OPTIONS = DAOptions(target=96, cap=128)
 
 
-class Forced:
-    """Wraps a session: forces the given output tokens, keeps each step's logits."""
-
-    def __init__(self, session, tokens):
-        self.session, self.tokens, self.logits = session, list(tokens), []
-
-    def view(self, length):
-        return self.session.view(length)
-
-    def process_logits(self, logits):
-        self.logits.append(logits.clone())
-        forced = torch.full_like(logits, float("-inf"))
-        forced[self.tokens[len(self.logits) - 1]] = 0.0
-        return forced
-
-    def on_token(self, token_id, text):
-        return self.session.on_token(token_id, text)
-
-
 @pytest.fixture(scope="module")
 def engine(smol_tokenizer):
     cfg = {
@@ -70,10 +52,10 @@ def engine(smol_tokenizer):
 def forced_run(engine, transcript, options=OPTIONS):
     sess = engine.session(CONTEXT, QUESTION, da=True, options=options)
     tokens = engine.tokenizer.encode(transcript, add_special_tokens=False)
-    ctl = Forced(sess, tokens)
+    ctl = Forced(sess, tokens, keep_logits=True)
     params = SamplingParams(max_tokens=len(tokens), ignore_eos=True)
-    seq = engine.core.add(sess.prompt_ids, params, ctl)
-    for _ in engine.core.run(seq):
+    seq = engine.add(ctl, params)
+    for _ in engine.run(seq):
         pass
     return sess, seq, ctl
 

@@ -24,7 +24,7 @@ _LAZY = {
     "Answer": "declattn.api",
     "DAOptions": "declattn.session",
     "SamplingParams": "declattn.engine.sampler",
-    "Client": "declattn.client",
+    "Client": "declattn.server.client",
 }
 
 __all__ = [

@@ -45,7 +45,7 @@ class StepRecord:
         return d
 
 
-def _saving(da: int, vanilla: int) -> float:
+def saving(da: int, vanilla: int) -> float:
     """Fraction of vanilla reads avoided; 0.0 when nothing was read."""
     return 1.0 - da / vanilla if vanilla else 0.0
 
@@ -79,8 +79,8 @@ class Accounting:
         return {
             "steps": self._steps,
             **s,
-            "logical_saving": _saving(s["logical"], s["vanilla_logical"]),
-            "physical_saving": _saving(s["physical"], s["vanilla_physical"]),
+            "logical_saving": saving(s["logical"], s["vanilla_logical"]),
+            "physical_saving": saving(s["physical"], s["vanilla_physical"]),
         }
 
     def by_mode(self) -> dict[Mode, dict[str, int]]:

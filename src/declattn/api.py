@@ -1,27 +1,40 @@
 """The public entry point: ``Engine.from_pretrained(...)`` then ``answer`` or ``generate``.
 
-This facade sits above the session layer: it builds a session per request (DA,
-DA-nm or vanilla), drives the paged engine with it, and gathers the result.
+This facade is the one way in to the engine for everything above it (CLI, server,
+eval, train, bench). It offers two levels:
+
+- requests: ``session`` builds the controller of one request (DA, DA-nm or vanilla),
+  ``generate``/``answer`` drive it and gather the result;
+- batches: ``add``/``step``/``abort``/``run`` over the engine's own KV pool, for callers
+  that schedule many controllers themselves (the server, the eval harness, training's
+  held-out evaluation). ``with_pool`` gives the same loaded model another pool.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from declattn.constrain import VocabCache
-from declattn.engine.engine import DEFAULT_PREFILL_CHUNK, PagedEngine, Sequence_, StepRead
+from declattn.constrain import FocusVocab, VocabCache
+from declattn.constrain_find import FindVocab
+from declattn.document import Chat, Document
+from declattn.engine.controller import Controller
+from declattn.engine.engine import DEFAULT_PREFILL_CHUNK, PagedEngine
+from declattn.engine.kv import PoolStats, SequenceKeys
 from declattn.engine.loader import LoadedModel, load_model
 from declattn.engine.registry import resolve_model
+from declattn.engine.request import Request, TokenEvent
 from declattn.engine.sampler import SamplingParams
-from declattn.protocol.tags import Declaration
-from declattn.session import DAOptions, DASession, PlainSession, model_da_defaults
+from declattn.protocol.messages import NoChunksError, render_messages
+from declattn.protocol.prompt import RenderedPrompt
+from declattn.protocol.segment import Chunk, token_counter
+from declattn.results import Answer, Delta, Stats
+from declattn.session import DAOptions, DASession, PlainSession, Session, model_da_defaults
 
 DEFAULT_KV_TOKENS = 160 * 1024
 CONSTRAIN_BELOW_PARAMS = 1_000_000_000
@@ -29,57 +42,19 @@ CONSTRAIN_BELOW_PARAMS = 1_000_000_000
 they are the ones that write malformed declarations."""
 
 
+class RunVanilla(Exception):
+    """A DA request that runs as a vanilla one; the message says why (for its usage)."""
+
+
 @dataclass(frozen=True)
-class Delta:
-    """A piece of streamed output: text safe to show, and the mode it was written in."""
+class Load:
+    """Sequences in the engine now: being prefilled (or waiting to be) and decoding."""
 
-    text: str
-    mode: str
-    focus_ids: tuple[int, ...]
-    token_index: int
-    finish_reason: str | None = None
+    waiting: int = 0
+    running: int = 0
 
 
-@dataclass
-class Stats:
-    """Counts for one response. Attended figures are sums over decode steps."""
-
-    prompt_tokens: int
-    output_tokens: int
-    decode_steps: int
-    prefill_seconds: float
-    decode_seconds: float
-    logical_attended: int
-    physical_attended: int
-    vanilla_attended: int
-    vanilla_physical: int
-    blocks_read: int
-    bytes_read: int
-    by_mode: dict[str, dict[str, int]]
-
-    @property
-    def saving(self) -> float:
-        """Fraction of vanilla's logical reads avoided."""
-        return 1.0 - self.logical_attended / self.vanilla_attended if self.vanilla_attended else 0.0
-
-    @property
-    def physical_saving(self) -> float:
-        v = self.vanilla_physical
-        return 1.0 - self.physical_attended / v if v else 0.0
-
-
-@dataclass
-class Answer:
-    text: str
-    answer: str | None
-    arm: str
-    finish_reason: str | None
-    declarations: list[Declaration]
-    declines: list[Declaration]
-    stats: Stats
-    token_texts: list[str]
-    session: Any = field(repr=False)
-    reads: list[StepRead] = field(repr=False, default_factory=list)
+__all__ = ["Answer", "Chat", "Delta", "Document", "Engine", "Load", "RunVanilla", "Stats"]
 
 
 class Engine:
@@ -92,10 +67,17 @@ class Engine:
         kv_tokens: int | None = None,
         block_size: int = 16,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefix_caching: bool = True,
     ) -> None:
         """``kv_tokens`` sizes the KV pool shared by all sequences in flight; by default
         ``DEFAULT_KV_TOKENS``, or one sequence of the model's whole context if that is
-        less (a batch of many sequences asks for more explicitly)."""
+        less (a batch of many sequences asks for more explicitly). The pool is allocated
+        on first use, so an engine that only hands its model to ``with_pool`` costs none.
+
+        ``prefix_caching``: a prompt that starts like an earlier one takes over the
+        earlier one's K/V for that part instead of computing it again (the second
+        question over a document, the next turn of a chat, every arm of an evaluation
+        after the first); results are bit for bit those of a fresh prefill."""
         if loaded.tokenizer is None:
             raise ValueError(f"{loaded.source}: the model has no tokenizer")
         if kv_tokens is not None and kv_tokens < 1:
@@ -105,17 +87,15 @@ class Engine:
         if kv_tokens is None:
             limit = loaded.config.max_position_embeddings
             kv_tokens = min(DEFAULT_KV_TOKENS, limit + block_size)
-        num_blocks = -(-kv_tokens // block_size)
-        self.core = PagedEngine(
-            loaded.model,
-            loaded.tokenizer,
-            num_blocks=num_blocks,
-            block_size=block_size,
-            prefill_chunk=prefill_chunk,
-        )
+        self._num_blocks = -(-kv_tokens // block_size)
+        self._block_size = block_size
+        self._prefill_chunk = prefill_chunk
+        self._prefix_caching = prefix_caching
+        self._core: PagedEngine | None = None
         self.n_params = sum(p.numel() for p in loaded.model.parameters())
         self.da_defaults = model_da_defaults(loaded.weights_dir)
         self.focus_vocabs = VocabCache()
+        self.find_vocabs = VocabCache(FindVocab.from_tokenizer)
 
     @classmethod
     def from_pretrained(
@@ -125,7 +105,15 @@ class Engine:
         device: torch.device | str | None = None,
         **kwargs: Any,
     ) -> Engine:
-        """Load a shipped model by name, a GGUF file or a Hugging Face directory."""
+        """Load a shipped model by name, a GGUF file or a Hugging Face directory.
+
+        ``dtype`` ``None`` or ``"auto"``: on a CPU a GGUF's matrices stay in the file's own
+        quantization (packed 4-bit/int8 layers, bf16 activations: a decode step reads a
+        fraction of the bytes); a directory loads in the device's default dtype. A named
+        dtype (``"bf16"``, ``"fp32"``, ``"fp16"`` or a ``torch.dtype``) loads every
+        weight dense in it."""
+        if dtype == "auto":
+            dtype = None
         if isinstance(dtype, str):
             dtype = {
                 "bf16": torch.bfloat16,
@@ -136,11 +124,109 @@ class Engine:
             }[dtype]
         return cls(load_model(resolve_model(path_or_name), dtype=dtype, device=device), **kwargs)
 
+    def with_pool(self, num_blocks: int, *, prefix_caching: bool | None = None) -> Engine:
+        """The same loaded model (and tokenizer, DA defaults, vocabulary cache) over a
+        KV pool of its own of ``num_blocks`` blocks: a server's pool, a test's small one.
+        ``prefix_caching`` keeps this engine's setting unless given."""
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be at least 1, got {num_blocks}")
+        other = Engine.__new__(Engine)
+        other.__dict__.update(self.__dict__)
+        other._num_blocks = num_blocks
+        if prefix_caching is not None:
+            other._prefix_caching = prefix_caching
+        other._core = None
+        return other
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self._prefix_caching
+
+    @property
+    def _engine(self) -> PagedEngine:
+        if self._core is None:
+            self._core = PagedEngine(
+                self.loaded.model,
+                self.tokenizer,
+                num_blocks=self._num_blocks,
+                block_size=self._block_size,
+                prefill_chunk=self._prefill_chunk,
+                prefix_caching=self._prefix_caching,
+            )
+        return self._core
+
     @property
     def block_size(self) -> int:
-        return self.core.block_size
+        return self._block_size
+
+    @property
+    def max_positions(self) -> int:
+        """Positions the model can attend to (prompt plus response)."""
+        return self.loaded.config.max_position_embeddings
+
+    @property
+    def pool(self) -> PoolStats:
+        """The KV pool's size and occupancy now."""
+        if self._core is None:
+            return PoolStats.empty(self._num_blocks, self._block_size)
+        return self._core.cache.stats()
+
+    @property
+    def kv_dtype(self) -> str:
+        """The KV pool's element type, as torch names it without its prefix."""
+        return str(self._engine.cache.config.dtype).removeprefix("torch.")
+
+    # -- batches -------------------------------------------------------------------
+    def add(self, controller: Controller, params: SamplingParams) -> Request:
+        """Queue a sequence for ``controller``; ``step`` prefills, then decodes it."""
+        return self._engine.add(controller, params)
+
+    def step(self) -> list[TokenEvent]:
+        """One prefill chunk (if a sequence waits) or one decode step for all running."""
+        return self._engine.step()
+
+    def next_batch(self) -> list[Request]:
+        """The sequences the next ``step`` works on (one being prefilled, or all running)."""
+        return self._engine.next_batch()
+
+    def abort(self, request: Request, reason: str = "abort") -> None:
+        """Stop ``request`` now and free its blocks."""
+        self._engine.abort(request, reason)
+
+    def run(self, request: Request) -> Iterator[TokenEvent]:
+        """Step until ``request`` finishes, yielding its events (others advance too)."""
+        return self._engine.run(request)
+
+    @property
+    def load(self) -> Load:
+        core = self._core
+        return Load() if core is None else Load(len(core.waiting), len(core.running))
+
+    @property
+    def has_work(self) -> bool:
+        return self._core is not None and self._core.has_work
+
+    def block_keys(self, request: Request) -> SequenceKeys:
+        """Read access to ``request``'s stored keys (for key-aware block selection)."""
+        return SequenceKeys(self._engine.cache, request.seq_id)
+
+    def prefill_synthetic(
+        self, request: Request, upto: int | None = None, generator: torch.Generator | None = None
+    ) -> None:
+        """Fill ``request``'s first prompt positions with random K/V (decode benchmarks:
+        a step's cost does not depend on the values it reads)."""
+        self._engine.prefill_synthetic(request, upto, generator)
 
     # -- requests ------------------------------------------------------------------
+    def da_options(self, options: DAOptions | None = None) -> DAOptions:
+        """``options`` (the model's own defaults when None) with the focus constraint
+        decided: ``constrain=None`` turns it on for models under 1B parameters."""
+        options = options or self.da_defaults
+        if options.constrain is None:
+            small = self.n_params < CONSTRAIN_BELOW_PARAMS
+            options = dataclasses.replace(options, constrain=small)
+        return options
+
     def session(
         self,
         context: str,
@@ -149,20 +235,25 @@ class Engine:
         da: bool = True,
         options: DAOptions | None = None,
         max_tokens: int | None = None,
-    ) -> DASession | PlainSession:
+        history: Sequence[tuple[str, str]] = (),
+        chunks: Sequence[Chunk] | None = None,
+    ) -> Session:
         """The session for one request: DA (masking on or off) or vanilla.
 
         ``max_tokens`` is the response's budget, which the runaway guard needs to tell
-        when an answer can no longer fit.
+        when an answer can no longer fit. ``history``: earlier ``(question, reply)`` turns
+        of a conversation over ``context``; ``chunks``: its magic chunks if already cut.
         """
         if not question.strip():
             raise ValueError("the question is empty")
         if da:
-            options = options or self.da_defaults
-            if options.constrain is None:
-                small = self.n_params < CONSTRAIN_BELOW_PARAMS
-                options = dataclasses.replace(options, constrain=small)
-            vocab = self.focus_vocabs.get(self.tokenizer) if options.constrain else None
+            options = self.da_options(options)
+            gate = self._below_min_context(context, chunks, options)
+            if gate is not None:
+                sess = self.session(context, question, da=False, history=history)
+                sess.note = gate
+                return sess
+            focus, find = self._vocabs(options)
             return DASession(
                 self.tokenizer,
                 context,
@@ -170,11 +261,77 @@ class Engine:
                 options,
                 self.block_size,
                 max_tokens=max_tokens,
-                focus_vocab=vocab,
+                focus_vocab=focus,
+                find_vocab=find,
+                history=history,
+                chunks=chunks,
             )
         if not context.strip():
             raise ValueError("the context is empty")
-        return PlainSession(self.tokenizer, context, question, self.block_size)
+        return PlainSession.for_question(
+            self.tokenizer, context, question, self.block_size, history
+        )
+
+    def _below_min_context(
+        self, context: str, chunks: Sequence[Chunk] | None, options: DAOptions
+    ) -> str | None:
+        """Why a DA request runs vanilla, when its context is under ``min_context``."""
+        if options.min_context <= 0:
+            return None
+        n = sum(c.tokens for c in chunks) if chunks else token_counter(self.tokenizer)(context)
+        if n >= options.min_context:
+            return None
+        return (
+            f"ran vanilla: a context of {n} tokens is under min_context {options.min_context}, "
+            "where the DA prompt and reply read more than full attention"
+        )
+
+    def messages_session(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        options: DAOptions | None = None,
+        max_tokens: int | None = None,
+    ) -> DASession:
+        """A DA session over a chat whose earlier messages are the magic chunks (tool
+        results, documents, earlier turns; ``protocol/messages.py``), its last user
+        message the question. A follow-up that extends the same chat renders the same
+        prefix, so the prefix cache prefills a growing transcript once.
+
+        Raises ``RunVanilla`` where DA has nothing to skip (no earlier message with
+        text) or would read more than vanilla (the chat is under ``min_context``)."""
+        options = self.da_options(options)
+        try:
+            prompt = render_messages(
+                self.tokenizer, messages, tools=tools, target=options.target, cap=options.cap,
+                sink=options.sink, instruction=options.instruction,
+            )
+        except NoChunksError as e:
+            raise RunVanilla(f"ran vanilla: {e}") from e
+        chunks = [Chunk(c.id, c.chars[0], c.chars[1], c.text, len(c.span)) for c in prompt.chunks]
+        gate = self._below_min_context("", chunks, options)
+        if gate is not None:
+            raise RunVanilla(gate)
+        rendered = RenderedPrompt(prompt.token_ids, prompt.layout, prompt.text, "messages")
+        focus, find = self._vocabs(options)
+        return DASession.over(
+            self.tokenizer, rendered, chunks, options, self.block_size, max_tokens=max_tokens,
+            focus_vocab=focus, find_vocab=find,
+        )
+
+    def _vocabs(self, options: DAOptions) -> tuple[FocusVocab | None, FindVocab | None]:
+        """The constraint vocabularies ``options`` needs, built once per tokenizer."""
+        if not options.constrain:
+            return None, None
+        ids = self.focus_vocabs.get(self.tokenizer) if options.focus != "find" else None
+        find = self.find_vocabs.get(self.tokenizer) if options.focus != "ids" else None
+        return ids, find
+
+    def open(self, context: str, options: DAOptions | None = None) -> Document:
+        """A handle for asking ``context`` many questions: it is cut into magic chunks
+        once, and its prefill is paid once (the prefix cache keeps its K/V)."""
+        return Document(self, context, options)
 
     def generate(
         self,
@@ -195,38 +352,39 @@ class Engine:
         """
         params = params or SamplingParams(max_tokens=max_tokens)
         sess = self.session(context, question, da=da, options=options, max_tokens=params.max_tokens)
-        seq = self.core.add(sess.prompt_ids, params, sess)
-        t0 = time.perf_counter()
-        while seq.finish_reason is None and seq in self.core.waiting:
-            self.core.step()
-            if on_prefill is not None:
-                on_prefill(seq.prefilled, len(seq.prompt_ids))
-        yield from self._stream(sess, seq, t0, result)
+        return self.stream(sess, params, on_prefill, result)
 
-    def _stream(
-        self, sess: Any, seq: Sequence_, t0: float, result: list[Answer] | None
+    def stream(
+        self,
+        sess: Session,
+        params: SamplingParams,
+        on_prefill: Callable[[int, int], None] | None = None,
+        result: list[Answer] | None = None,
+        controller: Controller | None = None,
     ) -> Iterator[Delta]:
-        reader = getattr(sess, "reader", None)
+        """Run ``sess`` to its end, streaming what it may show (tags decided first).
+        ``controller``: what the engine drives instead of ``sess`` itself, a wrapper
+        around it (teacher forcing in tests and benchmarks)."""
+        req = self.add(controller or sess, params)
+        while req.finish_reason is None and req.prefilled < len(req.prompt_ids):
+            self.step()
+            if on_prefill is not None:
+                on_prefill(req.prefilled, len(req.prompt_ids))
         shown = 0
         index = 0  # the first token came from the prefill step
         while True:
-            finished = seq.finish_reason is not None
-            if reader is not None:
-                if finished:
-                    reader.finish()
-                text = sess.text[shown : reader.safe_end]
-                mode, ids = str(reader.mode), reader.focus_ids
-            else:
-                text, mode, ids = sess.text[shown:], "vanilla", ()
-            shown += len(text)
+            finished = req.finish_reason is not None
+            end = sess.visible_end(finished)
+            text = sess.text[shown:end]
+            shown = max(shown, end)
             if text or finished:
-                yield Delta(text, mode, ids, index, seq.finish_reason)
+                yield Delta(text, sess.mode, sess.focus_ids, index, req.finish_reason)
             if finished:
                 break
-            self.core.step()
-            index = len(seq.output_ids) - 1
+            self.step()
+            index = len(req.output_ids) - 1
         if result is not None:
-            result.append(self._answer(sess, seq, time.perf_counter() - t0))
+            result.append(self.answer_of(sess, req))
 
     def answer(
         self,
@@ -254,33 +412,35 @@ class Engine:
             pass
         return out[0]
 
-    def _answer(self, sess: Any, seq: Sequence_, wall: float) -> Answer:
+    def answer_of(self, sess: Session, req: Request) -> Answer:
+        """The finished ``Answer`` of ``sess``, run as ``req``."""
         acc = sess.accounting
         totals = acc.totals()
-        is_da = isinstance(sess, DASession)
         stats = Stats(
-            prompt_tokens=len(seq.prompt_ids),
-            output_tokens=len(seq.output_ids),
+            prompt_tokens=len(req.prompt_ids),
+            output_tokens=len(req.output_ids),
             decode_steps=acc.steps,
-            prefill_seconds=seq.prefill_seconds,
-            decode_seconds=seq.decode_seconds,
+            prefill_seconds=req.prefill_seconds,
+            decode_seconds=req.decode_seconds,
             logical_attended=totals["logical"],
             physical_attended=totals["physical"],
             vanilla_attended=totals["vanilla_logical"],
             vanilla_physical=totals["vanilla_physical"],
-            blocks_read=sum(len(r.blocks) for r in seq.reads),
-            bytes_read=sum(r.global_bytes + r.sliding_bytes for r in seq.reads),
+            blocks_read=sum(len(r.blocks) for r in req.reads),
+            bytes_read=sum(r.global_bytes + r.sliding_bytes for r in req.reads),
             by_mode={str(m): v for m, v in acc.by_mode().items()},
+            cached_tokens=req.cached_tokens,
         )
         return Answer(
             text=sess.text,
             answer=sess.answer,
-            arm=sess.mode_name,
-            finish_reason=seq.finish_reason,
-            declarations=list(sess.declarations) if is_da else [],
-            declines=list(sess.declines) if is_da else [],
+            arm=sess.arm,
+            finish_reason=req.finish_reason,
+            declarations=list(sess.declarations),
+            declines=list(sess.declines),
             stats=stats,
-            token_texts=list(seq.token_texts),
+            token_texts=list(req.token_texts),
             session=sess,
-            reads=list(seq.reads),
+            reads=list(req.reads),
+            note=sess.note,
         )

@@ -16,12 +16,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from declattn.accounting import Accounting, StepRecord
-from declattn.constrain import FocusConstraint, FocusVocab
-from declattn.protocol.instruction import DA_INSTRUCTION
+from declattn.constrain import FocusConstraint, FocusVocab, LogitsConstraint
+from declattn.constrain_find import FindConstraint, FindVocab
+from declattn.engine.controller import Controller
+from declattn.protocol.answer import answer_of
+from declattn.protocol.find import PhraseFinder
+from declattn.protocol.index import chunk_index
+from declattn.protocol.instruction import DA_INSTRUCTION, FIND_INSTRUCTION, find_instruction
 from declattn.protocol.layout import Layout
 from declattn.protocol.modes import Mode
 from declattn.protocol.prompt import RenderedPrompt, render_plain, render_prompt
-from declattn.protocol.segment import Chunk, segment
+from declattn.protocol.segment import Chunk, segment, token_counter
 from declattn.protocol.tags import Declaration, TagReader
 from declattn.runaway import RunawayGuard
 from declattn.scope import DEFAULT_BLOCK_SIZE, Scope, StepCount
@@ -39,7 +44,15 @@ class DAOptions:
     and a session built directly treats it as off. ``runaway``: stop loops and responses
     that can no longer reach ``<answer>`` (see ``runaway.py``). ``instruction`` opens the
     final user turn: the demonstration for off-the-shelf models, the brief line for
-    models trained to declare.
+    models trained to declare. ``focus``: the focus form the instruction teaches and the
+    constraint guards — ``ids`` (``magic_chunks="K"``, a global survey first), ``find``
+    (``<focus find="WORDS">``: the engine looks the words up in the chunks, no survey) or
+    ``both`` (the find instruction, both constraints); the reader accepts either form
+    whatever is chosen. ``index``: a token budget for an in-context index of the chunks
+    (one line each, in the find instruction); 0 is none. ``min_context``: a context
+    shorter than this many tokens
+    runs vanilla (and says so): below it the DA prompt and its longer replies read more
+    than vanilla attention does (``DEFAULT_MIN_CONTEXT``); 0 never falls back.
     """
 
     target: int = 2048
@@ -51,7 +64,28 @@ class DAOptions:
     constrain: bool | None = None
     runaway: bool = True
     instruction: str = DA_INSTRUCTION
+    min_context: int = 0
+    focus: str = "ids"
+    index: int = 0
 
+    def __post_init__(self) -> None:
+        if self.focus not in FOCUS_FORMS:
+            raise ValueError(f"focus must be one of {', '.join(FOCUS_FORMS)}, not {self.focus!r}")
+        if self.index < 0 or self.min_context < 0:
+            raise ValueError("index and min_context must be >= 0")
+
+    def instruction_for(self, chunks: Sequence[Chunk], tokenizer: Any) -> str:
+        """The instruction this request's prompt opens with: the model's own if it has
+        one, else the one teaching ``focus`` (with the chunk index if asked)."""
+        if self.instruction != DA_INSTRUCTION or self.focus == "ids":
+            return self.instruction
+        if not self.index:
+            return FIND_INSTRUCTION
+        lines = chunk_index([c.text for c in chunks], token_counter(tokenizer), self.index)
+        return find_instruction(lines)
+
+
+FOCUS_FORMS = ("ids", "find", "both")
 
 MODEL_SETTINGS_FILE = "declattn.json"
 """A model directory's own DA defaults (``{"da": {DAOptions field: value}}``): a model
@@ -70,52 +104,90 @@ def model_da_defaults(directory: Path | None) -> DAOptions:
         raise ValueError(f"{path}: bad DA settings ({e})") from e
 
 
-def token_counter(tokenizer: Any):
-    """The served tokenizer's count, as the segmenter wants it."""
+class Session(Controller):
+    """A request above the engine: its prompt, its text so far, and what each decode
+    step attended, counted with the same ``Accounting`` that ``replay`` uses.
 
-    def count(text: str) -> int:
-        return len(tokenizer.encode(text, add_special_tokens=False))
+    The base counts every step as a full read; subclasses decide what is read.
+    ``arm`` names how the request runs (vanilla, da, da-nm, a baseline).
+    """
 
-    return count
+    arm = "vanilla"
 
-
-def _full_count(length: int, block_size: int) -> StepCount:
-    physical = -(-length // block_size) * block_size
-    return StepCount(length, physical, length, physical)
-
-
-class PlainSession:
-    """A vanilla request: ordinary prompt, every step reads everything."""
-
-    mode_name = "vanilla"
-
-    def __init__(self, tokenizer: Any, context: str, question: str, block_size: int) -> None:
-        self.prompt_ids = render_plain(tokenizer, context, question)
+    def __init__(self, prompt_ids: Sequence[int], block_size: int) -> None:
+        super().__init__(prompt_ids)
         self.block_size = block_size
         self.accounting = Accounting()
         self.steps: list[StepRecord] = []
         self.text = ""
+        self.n_tokens = 0
+        self.note: str | None = None
+        """Why the request runs other than as asked (DA asked, vanilla run), if it does."""
+
+    def record(
+        self, length: int, count: StepCount, mode: Mode = Mode.GLOBAL, focus_ids: tuple = ()
+    ) -> None:
+        """Count one decode step that sees ``length`` positions and reads ``count``."""
+        rec = StepRecord.from_count(len(self.steps) + 1, mode, focus_ids, length, count)
+        self.steps.append(rec)
+        self.accounting.add(rec)
 
     def view(self, length: int) -> Sequence[int] | None:
-        count = _full_count(length, self.block_size)
-        record = StepRecord.from_count(len(self.steps) + 1, Mode.GLOBAL, (), length, count)
-        self.steps.append(record)
-        self.accounting.add(record)
+        self.record(length, StepCount.full(length, self.block_size))
         return None
 
     def on_token(self, token_id: int, text: str) -> str | None:
         self.text += text
+        self.n_tokens += 1
         return None
 
+    def visible_end(self, finished: bool) -> int:
+        """How much of ``text`` may be shown now: all of it, for a request without tags."""
+        return len(self.text)
+
     @property
-    def answer(self) -> str:
+    def mode(self) -> str:
+        """The mode the text is being written in, for display ("vanilla" without DA)."""
+        return "vanilla"
+
+    @property
+    def focus_ids(self) -> tuple[int, ...]:
+        return ()
+
+    @property
+    def declarations(self) -> tuple[Declaration, ...]:
+        return ()
+
+    @property
+    def declines(self) -> tuple[Declaration, ...]:
+        return ()
+
+    @property
+    def answer(self) -> str | None:
         return self.text.strip()
 
 
-class DASession:
+class PlainSession(Session):
+    """A vanilla request: ordinary prompt, every step reads everything."""
+
+    @classmethod
+    def for_question(
+        cls,
+        tokenizer: Any,
+        context: str,
+        question: str,
+        block_size: int,
+        history: Sequence[tuple[str, str]] = (),
+    ) -> PlainSession:
+        """The ordinary prompt: context and question in one user turn (after the
+        ``history`` turns of a conversation over the same context, if any)."""
+        return cls(render_plain(tokenizer, context, question, history), block_size)
+
+
+class DASession(Session):
     """One DA request: chunks, prompt and layout, tag reader, scope, accounting."""
 
-    mode_name = "da"
+    arm = "da"
 
     def __init__(
         self,
@@ -127,35 +199,81 @@ class DASession:
         *,
         max_tokens: int | None = None,
         focus_vocab: FocusVocab | None = None,
+        history: Sequence[tuple[str, str]] = (),
+        chunks: Sequence[Chunk] | None = None,
+        find_vocab: FindVocab | None = None,
     ) -> None:
-        self.options = options or DAOptions()
-        if not self.options.masking:
-            self.mode_name = "da-nm"
-        o = self.options
-        self.chunks: list[Chunk] = segment(context, token_counter(tokenizer), o.target, o.cap)
-        self.prompt: RenderedPrompt = render_prompt(
-            tokenizer, self.chunks, question, sink=o.sink, style=o.style, instruction=o.instruction
+        """``history``: earlier ``(question, reply)`` turns of a conversation over the
+        same context, rendered before ``question`` and read by every mode. ``chunks``:
+        the context's magic chunks when the caller already cut them (a document asked
+        many questions is segmented once)."""
+        o = options or DAOptions()
+        if chunks is None:
+            chunks = segment(context, token_counter(tokenizer), o.target, o.cap)
+        prompt = render_prompt(
+            tokenizer, chunks, question, sink=o.sink, style=o.style,
+            instruction=o.instruction_for(chunks, tokenizer), history=history,
         )
-        self.reader = TagReader(len(self.chunks), line_start=o.line_start)
-        self.accounting = Accounting()
-        self.steps: list[StepRecord] = []
-        self.block_size = block_size
+        self._start(tokenizer, prompt, chunks, o, block_size, max_tokens, focus_vocab, find_vocab)
+
+    @classmethod
+    def over(
+        cls,
+        tokenizer: Any,
+        prompt: RenderedPrompt,
+        chunks: Sequence[Chunk],
+        options: DAOptions | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        *,
+        max_tokens: int | None = None,
+        focus_vocab: FocusVocab | None = None,
+        find_vocab: FindVocab | None = None,
+    ) -> DASession:
+        """A session over a prompt rendered elsewhere: a chat whose own messages are the
+        magic chunks (``protocol/messages.py``), with ``chunks`` in layout order."""
+        if len(chunks) != prompt.layout.n_chunks:
+            raise ValueError(f"{len(chunks)} chunks for a layout of {prompt.layout.n_chunks}")
+        sess = cls.__new__(cls)
+        sess._start(tokenizer, prompt, chunks, options or DAOptions(), block_size, max_tokens,
+                    focus_vocab, find_vocab)
+        return sess
+
+    def _start(
+        self,
+        tokenizer: Any,
+        prompt: RenderedPrompt,
+        chunks: Sequence[Chunk],
+        options: DAOptions,
+        block_size: int,
+        max_tokens: int | None,
+        focus_vocab: FocusVocab | None,
+        find_vocab: FindVocab | None = None,
+    ) -> None:
+        self.options = o = options
+        if not o.masking:
+            self.arm = "da-nm"
+        self.chunks: list[Chunk] = list(chunks)
+        self.prompt: RenderedPrompt = prompt
+        super().__init__(prompt.token_ids, block_size)
+        self.finder = PhraseFinder([c.text for c in self.chunks])
+        self.reader = TagReader(len(self.chunks), line_start=o.line_start, finder=self.finder)
         self.expected_views: list[tuple[int, ...]] = []
-        self.text = ""
-        self.n_tokens = 0
-        self.constraint: FocusConstraint | None = None
-        if o.constrain:
+        self.constraints: list[LogitsConstraint] = []
+        if o.constrain and o.focus in ("ids", "both"):
             vocab = focus_vocab or FocusVocab.from_tokenizer(tokenizer)
-            self.constraint = FocusConstraint(vocab, len(self.chunks))
+            self.constraints.append(FocusConstraint(vocab, len(self.chunks)))
+        if o.constrain and o.focus in ("find", "both"):
+            find = FindConstraint(find_vocab or FindVocab.from_tokenizer(tokenizer), self.finder)
+            find.prepare()  # its index is built now, not on the first step inside a tag
+            self.constraints.append(find)
         self.runaway = RunawayGuard(max_tokens=max_tokens) if o.runaway else None
 
     @property
     def layout(self) -> Layout:
         return self.prompt.layout
 
-    @property
-    def prompt_ids(self) -> list[int]:
-        return self.prompt.token_ids
+    def regions(self, start: int, stop: int) -> list[int]:
+        return self.layout.regions(start, stop)
 
     def scope(self) -> Scope:
         return Scope(self.layout, self.reader.mode, self.reader.focus_ids)
@@ -163,16 +281,11 @@ class DASession:
     def view(self, length: int) -> Sequence[int] | None:
         """The blocks the next step reads; also records what that step attends."""
         scope = self.scope()
-        if self.options.masking:
-            count = scope.count(length, self.block_size)
-        else:
-            count = _full_count(length, self.block_size)
-        record = StepRecord.from_count(
-            len(self.steps) + 1, scope.mode, scope.focus_ids, length, count
-        )
-        self.steps.append(record)
-        self.accounting.add(record)
-        if not self.options.masking:
+        masked = self.options.masking
+        bs = self.block_size
+        count = scope.count(length, bs) if masked else StepCount.full(length, bs)
+        self.record(length, count, scope.mode, scope.focus_ids)
+        if not masked:
             return None
         blocks = tuple(scope.kept_blocks(length, self.block_size))
         self.expected_views.append(blocks)
@@ -180,13 +293,12 @@ class DASession:
 
     def process_logits(self, logits: Tensor) -> Tensor:
         """Inside a focus declaration, keep only tokens that lead to a valid one."""
-        if self.constraint is None:
-            return logits
-        return self.constraint.apply(logits, self.reader.pending, self.n_tokens)
+        for constraint in self.constraints:
+            logits = constraint.apply(logits, self.reader.pending, self.n_tokens)
+        return logits
 
     def on_token(self, token_id: int, text: str) -> str | None:
-        self.text += text
-        self.n_tokens += 1
+        super().on_token(token_id, text)
         for d in self.reader.feed(text):
             if d.kind == "/answer" and d.accepted:
                 return "answer"
@@ -200,6 +312,21 @@ class DASession:
         pending = self.reader.pending
         return bool(pending) and (pending.startswith("<answer") or "<answer".startswith(pending))
 
+    def visible_end(self, finished: bool) -> int:
+        """Up to the reader's decided offset: a tag is never shown half written. A
+        finished response decides the rest (a dangling candidate is plain text)."""
+        if finished and not self.reader.finished:
+            self.reader.finish()
+        return self.reader.safe_end
+
+    @property
+    def mode(self) -> str:
+        return str(self.reader.mode)
+
+    @property
+    def focus_ids(self) -> tuple[int, ...]:
+        return self.reader.focus_ids
+
     @property
     def declarations(self) -> tuple[Declaration, ...]:
         return self.reader.declarations
@@ -211,10 +338,4 @@ class DASession:
     @property
     def answer(self) -> str | None:
         """The text of the first ``<answer>`` block, or None if the model never wrote one."""
-        opened = [d for d in self.declarations if d.kind == "answer" and d.accepted]
-        if not opened:
-            return None
-        start = opened[0].end
-        closed = [d for d in self.declarations if d.kind == "/answer" and d.start >= start]
-        end = closed[0].start if closed else len(self.text)
-        return self.text[start:end].strip()
+        return answer_of(self.text, self.declarations)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import platform
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from declattn.api import Answer
 from declattn.session import DASession
+from declattn.show import not_a_da_record
 
 RECORD_VERSION = 1
 
@@ -41,7 +43,31 @@ def machine() -> dict[str, Any]:
     }
 
 
-def build_record(answer: Answer, *, model: str, question: str) -> dict[str, Any]:
+def focus_diagnostics(
+    answer: Answer, evidence: Sequence[int] | None = None
+) -> list[dict[str, Any]]:
+    """Every focus the model wrote: what it asked (ids or a find phrase), what it was
+    resolved to, how well it matched, and, where the caller knows which chunks hold the
+    evidence, whether the focus held it."""
+    out = []
+    for d in answer.declarations:
+        if d.kind != "focus":
+            continue
+        item = {
+            "start": d.start, "tag": d.tag, "phrase": d.phrase, "match": d.match,
+            "focus_ids": list(d.focus_ids), "declined": d.declined,
+        }
+        if evidence is not None:
+            item["holds_evidence"] = bool(set(d.focus_ids) & set(evidence))
+        out.append(item)
+    return out
+
+
+def build_record(
+    answer: Answer, *, model: str, question: str, evidence: Sequence[int] | None = None
+) -> dict[str, Any]:
+    """The run record of ``answer``; ``evidence``: ids of the chunks that hold what the
+    question needs, when the caller knows them (planted facts, eval tasks)."""
     sess = answer.session
     reads = {r.index: r for r in answer.reads}
     steps = []
@@ -84,6 +110,12 @@ def build_record(answer: Answer, *, model: str, question: str) -> dict[str, Any]
             for c in sess.chunks
         ]
         record["prompt_style"] = sess.prompt.style
+        record["focus_form"] = sess.options.focus
+        record["focus"] = focus_diagnostics(answer, evidence)
+        if evidence is not None:
+            record["evidence_chunks"] = sorted(evidence)
+    if answer.note is not None:
+        record["note"] = answer.note
     return record
 
 
@@ -104,5 +136,6 @@ def load_record(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: not JSON ({e})") from e
     missing = [k for k in ("layout", "output", "block_size") if k not in record]
     if missing:
-        raise ValueError(f"{path}: not a DA run record (missing {', '.join(missing)})")
+        raise ValueError(f"{path}: {not_a_da_record(record, missing)}")
     return record
+

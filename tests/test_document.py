@@ -1,0 +1,79 @@
+"""``Engine.open``: one document, many questions, prefilled once; ``Chat``: turns that
+accumulate; ``min_context``: a short context runs vanilla and says so."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from declattn.api import Engine
+from declattn.engine.loader import LoadedModel
+from declattn.engine.models.config import ModelConfig
+from declattn.engine.models.decoder import Decoder
+from declattn.session import DASession, PlainSession
+
+CONTEXT = "\n\n".join(
+    f"Entry {i}: the harbour master counted {10 + i} boats at the pier on day {i}." * 3
+    for i in range(40)
+)  # about 2,000 tokens
+
+
+@pytest.fixture(scope="module")
+def engine(smol_tokenizer) -> Engine:
+    cfg = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": len(smol_tokenizer), "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 8192, "rope_theta": 10000.0, "tie_word_embeddings": True,
+    }
+    torch.manual_seed(0)
+    config = ModelConfig.from_hf(cfg)
+    model = Decoder(config).float()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return Engine(LoadedModel(model.eval(), config, smol_tokenizer, Path(".")), kv_tokens=16384)
+
+
+def options(engine: Engine):
+    return dataclasses.replace(engine.da_defaults, target=256, cap=320, constrain=False)
+
+
+def test_questions_over_one_document_reuse_its_prefill(engine: Engine) -> None:
+    doc = engine.open(CONTEXT, options(engine))
+    a1 = doc.ask("How many boats on day 3?", max_tokens=6)
+    a2 = doc.ask("How many boats on day 30?", max_tokens=6)
+    assert a1.stats.cached_tokens == 0 and a2.stats.cached_tokens >= 1536
+    fresh = engine.with_pool(1024, prefix_caching=False).open(CONTEXT, options(engine))
+    again = fresh.ask("How many boats on day 30?", max_tokens=6)
+    assert again.stats.cached_tokens == 0
+    assert again.text == a2.text  # reuse changes no token
+    assert a2.session.chunks == doc.chunks  # cut once, for every question
+    vanilla = doc.ask("How many boats on day 30?", da=False, max_tokens=6)
+    assert isinstance(vanilla.session, PlainSession)
+
+
+def test_a_chat_keeps_its_turns_in_the_prompt_and_in_every_mode(engine: Engine) -> None:
+    chat = engine.open(CONTEXT, options(engine)).chat()
+    first = chat.ask("How many boats on day 3?", max_tokens=6)
+    second = chat.ask("And on day 4?", max_tokens=6)
+    assert chat.turns == [("How many boats on day 3?", first.text), ("And on day 4?", second.text)]
+    sess = second.session
+    assert isinstance(sess, DASession)
+    lay = sess.layout
+    # the earlier turn sits in the question window: read in every mode, like the response
+    turn_text = engine.tokenizer.decode(sess.prompt_ids[lay.question.start : lay.prompt_len])
+    assert "How many boats on day 3?" in turn_text and "And on day 4?" in turn_text
+    assert second.stats.cached_tokens >= first.stats.prompt_tokens - 512
+
+
+def test_a_context_under_min_context_runs_vanilla_and_says_so(engine: Engine) -> None:
+    o = dataclasses.replace(options(engine), min_context=100_000)
+    ans = engine.answer(CONTEXT, "How many boats?", options=o, max_tokens=4)
+    assert ans.arm == "vanilla" and ans.note is not None and "min_context" in ans.note
+    assert isinstance(ans.session, PlainSession)
+    o = dataclasses.replace(o, min_context=10)
+    assert engine.answer(CONTEXT, "How many boats?", options=o, max_tokens=4).arm == "da"
