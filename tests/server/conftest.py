@@ -46,15 +46,17 @@ class RunningServer:
 
 
 def start_server(engine: Any, **config: Any) -> RunningServer:
+    """The server ``declattn serve`` runs (the same app, the same uvicorn settings)."""
     import uvicorn
 
     from declattn.server import ServerConfig, create_app
+    from declattn.server.connection import uvicorn_config
 
-    app = create_app(engine, ServerConfig(model_id=MODEL, **config))
+    settings = ServerConfig(model_id=MODEL, **config)
+    app = create_app(engine, settings)
     port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
+    server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           header_timeout_s=settings.header_timeout_s))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -81,8 +83,9 @@ def smol_engine() -> Any:
 def server_factory(smol_engine: Any) -> Iterator[Callable[..., RunningServer]]:
     started: list[RunningServer] = []
 
-    def make(**config: Any) -> RunningServer:
-        srv = start_server(smol_engine, **config)
+    def make(engine: Any = None, **config: Any) -> RunningServer:
+        """A server over ``engine`` (SmolLM2 by default) with ``ServerConfig(**config)``."""
+        srv = start_server(engine or smol_engine, **config)
         started.append(srv)
         return srv
 
@@ -132,3 +135,39 @@ def request_body(i: int, *, max_tokens: int = 10, stream: bool = True) -> dict[s
     else:
         body["messages"] = [{"role": "user", "content": plain_prompt(i)}]
     return body
+
+
+# -- raw connections, for what no HTTP client sends ---------------------------------
+def raw_connection(server: RunningServer) -> socket.socket:
+    """A plain TCP connection to the server (loopback)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=5)
+
+
+def closed_after(sock: socket.socket, pieces: list[bytes], every_s: float,
+                 bound_s: float) -> tuple[float, bytes]:
+    """Send ``pieces`` one every ``every_s`` seconds (the first at once) until the server
+    closes the connection; ``(seconds until closed, bytes it answered)``, or an
+    ``AssertionError`` if it is still open after ``bound_s``."""
+    start = time.monotonic()
+    answer = b""
+    queue = list(pieces)
+    next_send = start
+    sock.settimeout(0.05)
+    while time.monotonic() - start < bound_s:
+        if queue and time.monotonic() >= next_send:
+            try:
+                sock.sendall(queue.pop(0))
+            except OSError:  # reset or broken pipe: closed
+                return time.monotonic() - start, answer
+            next_send += every_s
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            return time.monotonic() - start, answer
+        if not data:
+            return time.monotonic() - start, answer
+        answer += data
+    raise AssertionError(f"still open after {bound_s} s (answered {answer[:200]!r})")

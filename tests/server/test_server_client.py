@@ -13,7 +13,7 @@ import pytest
 from conftest import MODEL, da_context, free_port
 
 import declattn
-from declattn.client import ClientAnswer, ServerError
+from declattn.server.client import ClientAnswer, ServerError
 
 QUESTION = "Who was the keeper?"
 
@@ -30,7 +30,7 @@ def client(server: Any) -> Any:
 
 
 def test_client_is_exported_lazily() -> None:
-    from declattn.client import Client
+    from declattn.server.client import Client
 
     assert declattn.Client is Client
 

@@ -8,8 +8,8 @@ import httpx
 import pytest
 from conftest import MODEL, da_context
 
-from declattn.server.controllers import PlainChat
 from declattn.server.metrics import parse
+from declattn.session import PlainSession
 
 openai = pytest.importorskip("openai")
 
@@ -129,8 +129,8 @@ def _blocks_in_use(http: Any) -> float:
 def test_engine_failure_fails_the_request_not_the_server(
     server: Any, http: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    core = server.state.core
-    real_step = core.step
+    engine = server.state.engine
+    real_step = engine.step
     calls = {"n": 0}
 
     def broken_step() -> Any:
@@ -139,7 +139,7 @@ def test_engine_failure_fails_the_request_not_the_server(
             raise RuntimeError("simulated kernel failure")
         return real_step()
 
-    monkeypatch.setattr(core, "step", broken_step)
+    monkeypatch.setattr(engine, "step", broken_step)
     failed0 = parse(http.get("/metrics").text)["declattn_requests_failed_total"]
     err = _error(_chat(http, max_tokens=6), 500)
     assert err["type"] == "server_error" and "simulated kernel failure" in err["message"]
@@ -152,24 +152,24 @@ def test_engine_failure_fails_the_request_not_the_server(
 def test_a_broken_request_fails_alone(
     server: Any, http: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = PlainChat.on_token
+    real = PlainSession.on_token
 
-    def on_token(self: PlainChat, token_id: int, text: str) -> str | None:
+    def on_token(self: PlainSession, token_id: int, text: str) -> str | None:
         reason = real(self, token_id, text)
         if "boom" in self.prompt_text and self.accounting.steps >= 2:
             raise ValueError("controller exploded")  # on the third token
         return reason
 
-    monkeypatch.setattr(PlainChat, "prompt_text", "", raising=False)
-    monkeypatch.setattr(PlainChat, "on_token", on_token)
+    monkeypatch.setattr(PlainSession, "prompt_text", "", raising=False)
+    monkeypatch.setattr(PlainSession, "on_token", on_token)
     tok = server.state.engine.tokenizer
-    real_init = PlainChat.__init__
+    real_init = PlainSession.__init__
 
-    def init(self: PlainChat, prompt_ids: list[int], block_size: int) -> None:
+    def init(self: PlainSession, prompt_ids: list[int], block_size: int) -> None:
         real_init(self, prompt_ids, block_size)
         self.prompt_text = tok.decode(prompt_ids)
 
-    monkeypatch.setattr(PlainChat, "__init__", init)
+    monkeypatch.setattr(PlainSession, "__init__", init)
     client = openai.OpenAI(base_url=server.v1, api_key="unused", max_retries=0)
     err = _error(_chat(http, messages=[{"role": "user", "content": "boom"}], max_tokens=6), 500)
     assert "controller exploded" in err["message"]
@@ -186,3 +186,51 @@ def test_a_broken_request_fails_alone(
     assert _blocks_in_use(http) == 0
     ok = _chat(http, messages=[{"role": "user", "content": "fine"}])
     assert ok.status_code == 200
+
+
+# -- any string a client sends can be named in an error -----------------------------
+def _raw(http: Any, path: str, body: str) -> httpx.Response:
+    """``body`` sent as written: JSON escapes such as ``\\ud800`` reach the server as is."""
+    return http.post(path, content=body.encode(), headers={"content-type": "application/json"})
+
+
+NASTY = [
+    "\\ud800",  # a lone high surrogate: UTF-8 cannot encode it
+    "x\\udc00",  # a lone low one after text
+    "\\u0000\\u001b[31m\\u0085\\r",  # NUL, an ANSI escape, a C1 control, a carriage return
+]
+
+
+@pytest.mark.parametrize("value", NASTY)
+@pytest.mark.parametrize("path", [CHAT, "/v1/completions"])
+def test_unknown_model_named_safely(http: Any, path: str, value: str) -> None:
+    rest = ('"messages": [{"role": "user", "content": "hi"}]' if path == CHAT
+            else '"prompt": "hi"')
+    err = _error(_raw(http, path, f'{{"model": "{value}", {rest}, "max_tokens": 2}}'), 404)
+    assert err["code"] == "model_not_found" and err["param"] == "model"
+    # named, escaped as JSON would write it
+    assert value.replace("\\r", "\\u000d").lstrip("x") in err["message"]
+
+
+def test_huge_values_are_cut_when_named(http: Any) -> None:
+    err = _error(_chat(http, model="m" * 3_000_000), 404)
+    assert len(err["message"]) < 400 and "3000000 characters" in err["message"]
+    key = "k" * 100_000  # an unknown option's name becomes the error's param
+    err = _error(_chat(http, declarative_attention={"context": "a", key: 1}), 400)
+    assert len(err["message"]) < 1500 and len(err["param"]) < 300
+    err = _error(_chat(http, messages=[{"role": "user", "content": [{"type": "t" * 10**6}]}]),
+                 400)
+    assert len(err["message"]) < 400 and "not supported" in err["message"]
+
+
+@pytest.mark.parametrize("value", NASTY)
+def test_validation_errors_name_client_keys_safely(http: Any, value: str) -> None:
+    body = (f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": "hi"}}], '
+            f'"declarative_attention": {{"context": "a", "{value}": 1}}}}')
+    err = _error(_raw(http, CHAT, body), 400)
+    assert err["param"].startswith("declarative_attention")
+    bad_role = (f'{{"model": "{MODEL}", "messages": [{{"role": "{value}", "content": "hi"}}]}}')
+    assert _error(_raw(http, CHAT, bad_role), 400)["param"] == "messages[0].role"
+    part = (f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": '
+            f'[{{"type": "{value}"}}]}}]}}')
+    assert "not supported" in _error(_raw(http, CHAT, part), 400)["message"]

@@ -29,27 +29,6 @@ SCRIPT = (
 )
 
 
-class Forced:
-    """A DA session whose every next token is the script's next token."""
-
-    def __init__(self, inner: Any, script_ids: list[int]) -> None:
-        self._inner = inner
-        self._ids = script_ids
-        self._n = 0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def process_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        forced = torch.full_like(logits, float("-inf"))
-        forced[self._ids[min(self._n, len(self._ids) - 1)]] = 0.0
-        return forced
-
-    def on_token(self, token_id: int, text: str) -> str | None:
-        self._n += 1
-        return self._inner.on_token(token_id, text)
-
-
 @pytest.fixture(scope="module")
 def server(server_factory: Any) -> Any:
     return server_factory(kv_blocks=256)
@@ -62,7 +41,16 @@ def forced(server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     real = engine.session
 
     def session(*args: Any, **kwargs: Any) -> Any:
-        return Forced(real(*args, **kwargs), ids)
+        """The real DA session, whose every next token is the script's next one."""
+        sess = real(*args, **kwargs)
+
+        def process_logits(logits: torch.Tensor) -> torch.Tensor:
+            forced = torch.full_like(logits, float("-inf"))
+            forced[ids[min(sess.n_tokens, len(ids) - 1)]] = 0.0
+            return forced
+
+        sess.process_logits = process_logits
+        return sess
 
     monkeypatch.setattr(engine, "session", session)
 

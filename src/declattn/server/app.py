@@ -2,8 +2,11 @@
 
 ``create_app(engine, config)`` builds a server around an already loaded ``Engine``. The
 server gets its own paged KV pool (``config.kv_blocks``); the facade supplies the
-model, the tokenizer and the per-request DA sessions. Request handlers validate and
-prepare off the event loop, submit to the scheduler, and relay what the request's queue
+model, the tokenizer and the per-request DA sessions. Before a route runs, middleware
+checks the host and the API key (``access``) and reads the body under a size limit and a
+deadline (``request_body``); the connection's header deadline is in uvicorn's protocol
+(``connection``). Request handlers validate, prepare in the worker pool
+(``prepare_pool``), submit to the scheduler, and relay what the request's queue
 receives, either as one JSON body or as server-sent events.
 
 A streamed request waits for its first token before the response starts, so a failure
@@ -15,23 +18,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from declattn.engine.engine import PagedEngine
-from declattn.server.errors import APIError, install_handlers
+from declattn.server.access import DEFAULT_OPEN_PATHS, Access
+from declattn.server.connection import DEFAULT_HEADER_TIMEOUT_S
+from declattn.server.errors import APIError, echo, install_handlers
 from declattn.server.metrics import CONTENT_TYPE, Metrics
 from declattn.server.prepare import Limits, Prepared, prepare_chat, prepare_completion
+from declattn.server.prepare_pool import DEFAULT_WORKERS, PreparePool
+from declattn.server.request_body import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_REQUEST_BYTES,
+    BodyGuard,
+    body_bytes,
+)
 from declattn.server.responses import DONE, KEEP_ALIVE, Shape
 from declattn.server.scheduler import Failed, Finished, Job, QueueFull, Scheduler, TextOut
 from declattn.server.schemas import ChatCompletionRequest, CompletionRequest
+from declattn.server.token_bound import max_chars_per_token
+
+if TYPE_CHECKING:
+    from declattn.api import Engine
 
 DEFAULT_KV_BLOCKS = 4096
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; nobody reads it
@@ -46,7 +60,16 @@ class ServerConfig:
     waits there at least until the next step);
     ``kv_blocks``: the server's KV pool; ``max_tokens_cap``: an upper bound applied to
     every request's ``max_tokens`` (silently, like a provider's output limit);
-    ``aliases``: other names the model answers to (the path it was loaded from).
+    ``aliases``: other names the model answers to (the path it was loaded from);
+    ``max_request_bytes``, ``body_timeout_s``, ``header_timeout_s``: what a request's
+    body may weigh and how long its headers and body may take to arrive;
+    ``prepare_workers``: requests prepared (tokenised) at once;
+    ``api_key``: required of every request outside ``open_paths``;
+    ``allowed_hosts``: the ``Host`` names served (``None``: any);
+    ``request_timeout_s``: the most any request may take, queue included (``None``: no
+    limit; a request's own ``timeout`` may ask for less);
+    ``prefix_caching``: requests that start like an earlier one reuse its prompt K/V (a
+    follow-up in a conversation, another question over the same document).
     """
 
     model_id: str
@@ -58,94 +81,100 @@ class ServerConfig:
     retry_after_s: int = 1
     keep_alive_s: float = 15.0
     aliases: tuple[str, ...] = field(default_factory=tuple)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    prepare_workers: int = DEFAULT_WORKERS
+    api_key: str | None = None
+    open_paths: tuple[str, ...] = DEFAULT_OPEN_PATHS
+    allowed_hosts: tuple[str, ...] | None = None
+    prefix_caching: bool = True
+    request_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_queue < 1 or self.kv_blocks < 1:
             raise ValueError("max_batch, max_queue and kv_blocks must be >= 1")
         if self.max_tokens_cap is not None and self.max_tokens_cap < 1:
             raise ValueError("max_tokens_cap must be >= 1")
+        if self.max_request_bytes < 1 or self.prepare_workers < 1:
+            raise ValueError("max_request_bytes and prepare_workers must be >= 1")
+        if self.body_timeout_s <= 0 or self.header_timeout_s <= 0:
+            raise ValueError("body_timeout_s and header_timeout_s must be > 0")
+        if self.request_timeout_s is not None and self.request_timeout_s <= 0:
+            raise ValueError("request_timeout_s must be > 0 (None: no limit)")
+        if self.api_key == "":
+            raise ValueError("api_key must not be empty (None turns the check off)")
 
 
 @dataclass
 class ServerState:
     """Everything the routes share; one per app (no module-level state)."""
 
-    engine: Any
+    engine: Engine
     config: ServerConfig
-    core: PagedEngine
     scheduler: Scheduler
     metrics: Metrics
     limits: Limits
+    pool: PreparePool
+    """Prepares requests, each worker over a tokenizer of its own (``prepare_pool``)."""
     started: float = field(default_factory=time.time)
-    tokenizer_lock: threading.Lock = field(default_factory=threading.Lock)
-    """Serialises request preparation. A Hugging Face fast tokenizer keeps
-    ``split_special_tokens`` as state on the shared Rust tokenizer (set by each call
-    that passes it, never restored), so a DA render in one thread can make a plain
-    prompt tokenised at the same moment in another thread lose its special tokens."""
 
     def warm_up(self) -> None:
-        """Build what the first DA request would otherwise wait for (the focus vocabulary
-        of the constrained decoding that small models get by default)."""
+        """Build what the first requests would otherwise wait for: the workers' tokenizer
+        copies, and the focus vocabulary of the constrained decoding that small models
+        get by default."""
         from declattn.api import CONSTRAIN_BELOW_PARAMS
 
-        if getattr(self.engine, "n_params", CONSTRAIN_BELOW_PARAMS) < CONSTRAIN_BELOW_PARAMS:
-            with self.tokenizer_lock:
-                self.engine.focus_vocabs.get(self.tokenizer)
+        self.pool.start()
+        if self.engine.n_params < CONSTRAIN_BELOW_PARAMS:
+            self.engine.focus_vocabs.get(self.tokenizer)
 
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
-    async def prepare(self, fn: Callable[..., Prepared], body: Any) -> Prepared:
-        """Run ``fn(engine, body, limits)`` in a worker thread, one at a time."""
+    async def prepare(self, fn: Callable[..., Prepared], body: Any, request: Request) -> Prepared:
+        """``fn(engine, body, limits)`` in a worker of the pool."""
 
-        def locked() -> Prepared:
-            with self.tokenizer_lock:
-                try:
-                    return fn(self.engine, body, self.limits)
-                except UnicodeError as e:  # JSON can carry lone surrogates; tokenizers refuse
-                    raise APIError(
-                        400, f"the request holds text that is not valid Unicode ({e.reason})",
-                        code="invalid_unicode",
-                    ) from e
+        def run(engine: Any) -> Prepared:
+            try:
+                return fn(engine, body, self.limits)
+            except UnicodeError as e:  # JSON can carry lone surrogates; tokenizers refuse
+                raise APIError(
+                    400, f"the request holds text that is not valid Unicode ({e.reason})",
+                    code="invalid_unicode",
+                ) from e
 
-        return await run_in_threadpool(locked)
+        return await self.pool.run(run, body_bytes(request.scope))
 
     def check_model(self, name: str) -> None:
         if name != self.config.model_id and name not in self.config.aliases:
             raise APIError(
                 404,
-                f"The model '{name}' does not exist; this server serves "
+                f"The model '{echo(name)}' does not exist; this server serves "
                 f"'{self.config.model_id}'",
                 param="model",
                 code="model_not_found",
             )
 
 
-def build_core(engine: Any, kv_blocks: int) -> PagedEngine:
-    """A paged engine of its own for the server, over the facade's model and tokenizer."""
-    return PagedEngine(
-        engine.loaded.model,
-        engine.tokenizer,
-        num_blocks=kv_blocks,
-        block_size=engine.block_size,
-        prefill_chunk=engine.core.prefill_chunk,
-    )
-
-
-def create_app(engine: Any, config: ServerConfig) -> FastAPI:
-    """The server for ``engine`` (a loaded ``declattn.Engine``)."""
-    core = build_core(engine, config.kv_blocks)
+def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
+    """The server for ``engine`` (a loaded ``declattn.Engine``), over a KV pool of its own
+    of ``config.kv_blocks`` blocks (the same model serves several apps in tests)."""
+    served = engine.with_pool(config.kv_blocks, prefix_caching=config.prefix_caching)
     metrics = Metrics()
-    scheduler = Scheduler(core, metrics, max_batch=config.max_batch, max_queue=config.max_queue)
+    scheduler = Scheduler(served, metrics, max_batch=config.max_batch, max_queue=config.max_queue)
     limits = Limits(
-        max_positions=engine.loaded.config.max_position_embeddings,
+        max_positions=served.max_positions,
         pool_blocks=config.kv_blocks,
-        block_size=core.block_size,
+        block_size=served.block_size,
         max_tokens_cap=config.max_tokens_cap,
         default_max_tokens=config.default_max_tokens,
+        chars_per_token=max_chars_per_token(served.tokenizer),
+        request_timeout_s=config.request_timeout_s,
     )
-    state = ServerState(engine, config, core, scheduler, metrics, limits)
+    pool = PreparePool(served, config.prepare_workers)  # served.tokenizer: one per worker
+    state = ServerState(served, config, scheduler, metrics, limits, pool)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -155,15 +184,23 @@ def create_app(engine: Any, config: ServerConfig) -> FastAPI:
             yield
         finally:
             await run_in_threadpool(scheduler.stop)
+            pool.close()
 
     app = FastAPI(
         title="declattn",
         summary="OpenAI-compatible server with Declarative Attention",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # FastAPI's pages load their JavaScript from a CDN; the schema
+        redoc_url=None,  # at /openapi.json works offline in any OpenAPI viewer
     )
     app.state.declattn = state
     install_handlers(app)
+    # the last added runs first: count every response, then who may ask, then the body
+    app.add_middleware(BodyGuard, max_bytes=config.max_request_bytes,
+                       timeout_s=config.body_timeout_s)
+    app.add_middleware(Access, api_key=config.api_key, open_paths=config.open_paths,
+                       allowed_hosts=config.allowed_hosts)
     app.add_middleware(StatusCounter, metrics=metrics)
     _routes(app, state)
     return app
@@ -210,7 +247,7 @@ def _routes(app: FastAPI, s: ServerState) -> None:
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         """Chat completion; ``declarative_attention`` runs the request with DA."""
         s.check_model(body.model)
-        prepared = await s.prepare(prepare_chat, body)
+        prepared = await s.prepare(prepare_chat, body, request)
         include = bool(body.stream_options and body.stream_options.include_usage)
         shape = Shape.new("chat", body.model)
         return await _respond(s, request, prepared, shape, bool(body.stream),
@@ -220,7 +257,7 @@ def _routes(app: FastAPI, s: ServerState) -> None:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         """Text completion of a raw prompt (no chat template, no DA)."""
         s.check_model(body.model)
-        prepared = await s.prepare(prepare_completion, body)
+        prepared = await s.prepare(prepare_completion, body, request)
         include = bool(body.stream_options and body.stream_options.include_usage)
         shape = Shape.new("text", body.model)
         return await _respond(s, request, prepared, shape, bool(body.stream), include)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,8 +22,10 @@ log = logging.getLogger("declattn.server")
 
 _TYPES = {
     400: "invalid_request_error",
+    401: "invalid_request_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    408: "invalid_request_error",
     413: "invalid_request_error",
     415: "invalid_request_error",
     422: "invalid_request_error",
@@ -30,6 +33,29 @@ _TYPES = {
     500: "server_error",
     503: "server_error",
 }
+
+ECHO_CHARS = 200
+"""How much of a client's value an error message repeats (a 10 MB ``model`` is named by
+its first characters and its length)."""
+ECHO_MESSAGE_CHARS = 1000
+"""The same for a whole message that may quote a client (a validation or template error)."""
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _escape(text: str) -> str:
+    """``text`` with lone surrogates and control characters (tab and newline aside)
+    written as ``\\uXXXX``: JSON carries lone surrogates, but UTF-8 cannot encode them,
+    so a message holding one would fail to render (a 500 in place of the real error)."""
+    return _UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def echo(value: object, limit: int = ECHO_CHARS) -> str:
+    """A client's value as an error message may quote it: escaped, and cut to ``limit``
+    characters with the full length named."""
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > limit:
+        text = f"{text[:limit]}... ({len(text)} characters)"
+    return _escape(text)
 
 
 @dataclass
@@ -44,6 +70,10 @@ class APIError(Exception):
     headers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # the one place every error passes: whatever a message quotes, it can render
+        self.message = _escape(self.message)
+        if self.param is not None:
+            self.param = _escape(self.param)
         super().__init__(self.message)
         if self.type is None:
             self.type = _TYPES.get(self.status, "server_error" if self.status >= 500 else
@@ -88,7 +118,7 @@ def validation_error(exc: RequestValidationError) -> APIError:
     first = errors[0]
     if first.get("type") == "json_invalid":
         ctx = first.get("ctx") or {}
-        detail = ctx.get("error", "malformed JSON")
+        detail = echo(ctx.get("error", "malformed JSON"), ECHO_MESSAGE_CHARS)
         return bad_request(f"the request body is not valid JSON ({detail})", code="invalid_json")
     if tuple(first.get("loc", ())) == ("body",):
         if first.get("type") == "missing":
@@ -98,7 +128,8 @@ def validation_error(exc: RequestValidationError) -> APIError:
             code="invalid_json",
         )
     param = _loc_to_param(first.get("loc", ()))
-    msg = first.get("msg", "invalid value")
+    param = None if param is None else echo(param)  # it may hold a client's key
+    msg = echo(first.get("msg", "invalid value"), ECHO_MESSAGE_CHARS)
     more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
     where = f"{param}: " if param else ""
     return bad_request(f"{where}{msg}{more}", param=param, code="invalid_value")
@@ -118,11 +149,12 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
-        err = APIError(exc.status_code, str(exc.detail), code=code)
+        err = APIError(exc.status_code, echo(exc.detail, ECHO_MESSAGE_CHARS), code=code)
         err.headers = dict(exc.headers or {})
         return err.response()
 
     @app.exception_handler(Exception)
     async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error in a request", exc_info=exc)
-        return APIError(500, f"internal error: {type(exc).__name__}: {exc}").response()
+        detail = echo(exc, ECHO_MESSAGE_CHARS)
+        return APIError(500, f"internal error: {type(exc).__name__}: {detail}").response()

@@ -30,6 +30,7 @@ class Metrics:
     rejected_queue_full: int = 0
     queue_wait_seconds: float = 0.0
     admitted: int = 0
+    preemptions: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count_request(self, endpoint: str, status: int) -> None:
@@ -40,9 +41,12 @@ class Metrics:
         with self._lock:
             self.generated_tokens += n
 
-    def count_finished(self, prompt: int, attended: int, vanilla: int) -> None:
+    def count_finished(
+        self, prompt: int, attended: int, vanilla: int, preemptions: int = 0
+    ) -> None:
         with self._lock:
             self.finished += 1
+            self.preemptions += preemptions
             self.prompt_tokens += prompt
             self.attended_tokens += attended
             self.vanilla_attended_tokens += vanilla
@@ -91,6 +95,9 @@ class Metrics:
                  self.queue_wait_seconds),
                 ("requests_admitted_total", "requests admitted to the running batch",
                  self.admitted),
+                ("preemptions_total",
+                 "times a finished request gave its KV blocks to others and recomputed them",
+                 self.preemptions),
             ]
         lines = [
             "# HELP declattn_requests_total HTTP requests by endpoint and status code.",
@@ -112,7 +119,13 @@ class Metrics:
             ("prefilling", "admitted sequences not yet prefilled", snapshot.prefilling),
             ("kv_blocks_in_use", "KV blocks held (reserved) by sequences",
              snapshot.blocks_in_use),
-            ("kv_blocks_free", "KV blocks free", snapshot.blocks_free),
+            ("kv_blocks_free", "KV blocks free (cached ones included: evicted on demand)",
+             snapshot.blocks_free),
+            ("kv_blocks_cached", "KV blocks no request holds that keep a cached prefix",
+             snapshot.blocks_cached),
+            ("prefix_cache_hit_rate",
+             "prompt blocks found in the prefix cache over those looked up, since start",
+             snapshot.cache_hits / snapshot.cache_lookups if snapshot.cache_lookups else 0.0),
             ("kv_blocks_total", "KV blocks in the pool", pool_blocks),
         ]
         for name, help_text, value in gauges:
@@ -122,6 +135,12 @@ class Metrics:
                 f"declattn_{name} {value}",
             ]
         lines += [
+            "# HELP declattn_prefix_cache_hit_blocks_total Prompt blocks taken from the cache.",
+            "# TYPE declattn_prefix_cache_hit_blocks_total counter",
+            f"declattn_prefix_cache_hit_blocks_total {snapshot.cache_hits}",
+            "# HELP declattn_prefix_cache_lookup_blocks_total Prompt blocks looked up.",
+            "# TYPE declattn_prefix_cache_lookup_blocks_total counter",
+            f"declattn_prefix_cache_lookup_blocks_total {snapshot.cache_lookups}",
             "# HELP declattn_engine_steps_total Engine steps taken (prefill chunks and decode).",
             "# TYPE declattn_engine_steps_total counter",
             f"declattn_engine_steps_total {snapshot.steps}",

@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from declattn.engine.sampler import SamplingParams
-from declattn.protocol.prompt import NoChatTemplateError
 from declattn.protocol.segment import SegmentError
-from declattn.server.controllers import PlainChat
-from declattn.server.errors import APIError, bad_request
+from declattn.protocol.template import NoChatTemplateError
+from declattn.server.errors import ECHO_MESSAGE_CHARS, APIError, bad_request, echo
 from declattn.server.schemas import ChatCompletionRequest, CompletionRequest, DARequest
-from declattn.session import DAOptions
+from declattn.server.token_bound import fewest_tokens
+from declattn.session import DAOptions, DASession, PlainSession, Session
 
 DEFAULT_TEMPERATURE = 1.0
 """OpenAI's default when a request names none; send ``temperature: 0`` for greedy."""
@@ -40,6 +40,20 @@ class Limits:
     block_size: int
     max_tokens_cap: int | None = None
     default_max_tokens: int = 512
+    chars_per_token: int | None = None
+    """At most this many characters per token (``token_bound``); ``None``: no bound."""
+    request_timeout_s: float | None = None
+    """The server's cap on a request's time (``--request-timeout``); ``None``: none."""
+
+    def timeout(self, requested: float | None) -> float | None:
+        """A request's time limit: its own, capped by the server's."""
+        limits = [t for t in (requested, self.request_timeout_s) if t is not None]
+        return min(limits) if limits else None
+
+    @property
+    def prompt_cap(self) -> int:
+        """The most prompt tokens a request can have: one position is left to generate."""
+        return min(self.max_positions, self.pool_blocks * self.block_size) - 1
 
 
 @dataclass
@@ -48,15 +62,20 @@ class Prepared:
 
     prompt_ids: list[int]
     params: SamplingParams
-    session: Any
+    session: Session
     is_da: bool
     strip_tags: bool = False
+    timeout_s: float | None = None
+    """Seconds the request may take from submission to its last token (``None``: no
+    limit); past it, it ends with what it wrote (``finish_reason`` ``length``, the
+    engine's reason ``timeout`` in its usage), or, still queued, with a 408."""
 
     @property
     def blocks_needed(self) -> int:
-        """Blocks reserved at admission: the prompt and every token it may generate."""
-        bs = self.session.block_size
-        return -(-(len(self.prompt_ids) + self.params.max_tokens) // bs)
+        """Blocks free at admission: the prompt's and one more (its first decode step).
+        Later blocks are taken as the response grows; a pool that runs out preempts
+        (``PagedEngine.step``)."""
+        return len(self.prompt_ids) // self.session.block_size + 1
 
 
 # -- message text --------------------------------------------------------------------
@@ -83,7 +102,7 @@ def _content_text(content: Any, where: str) -> str:
     for i, part in enumerate(content):
         if part.type != "text":
             raise bad_request(
-                f"{where}.content[{i}]: content type {part.type!r} is not supported "
+                f"{where}.content[{i}]: content type '{echo(part.type)}' is not supported "
                 "(only 'text')",
                 param=f"{where}.content[{i}].type",
             )
@@ -151,6 +170,27 @@ def _fit_length(prompt_len: int, max_tokens: int, explicit: bool, limits: Limits
     return max_tokens
 
 
+def check_chars(chars: int, limits: Limits, param: str) -> None:
+    """Refuse a prompt of ``chars`` characters before tokenising it where even the fewest
+    tokens it can be are over the cap; the exact count (``_fit_length``) decides the rest."""
+    least = fewest_tokens(chars, limits.chars_per_token)
+    if least > limits.prompt_cap:
+        raise bad_request(
+            f"This model's maximum context length is {limits.max_positions} tokens "
+            f"(this server's KV pool: {limits.pool_blocks * limits.block_size}). However, "
+            f"the prompt holds {chars} characters, at least {least} tokens (this tokenizer "
+            f"writes at most {limits.chars_per_token} characters a token). Please reduce the "
+            "length of the prompt.",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+def _nonspace(text: str) -> int:
+    """Characters other than whitespace: what a template that trims text still keeps."""
+    return len("".join(text.split()))
+
+
 def _temperature(req: Any) -> float:
     """Near-zero ``temperature`` or ``top_p`` sample greedily, which is what they tend to.
 
@@ -201,6 +241,12 @@ def da_options(da: DARequest, defaults: DAOptions | None = None) -> DAOptions:
     options = replace(base, target=target, cap=cap, line_start=da.line_start, masking=da.masking)
     if da.constrain is not None:
         options = replace(options, constrain=da.constrain)
+    if da.min_context is not None:
+        options = replace(options, min_context=da.min_context)
+    if da.focus is not None:
+        options = replace(options, focus=da.focus)
+    if da.index is not None:
+        options = replace(options, index=da.index)
     return options
 
 
@@ -223,6 +269,25 @@ def da_context(da: DARequest) -> str:
     return valid_text(da.context, "declarative_attention.context")
 
 
+def _template_ids(
+    tok: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+    limits: Limits,
+) -> list[int]:
+    """A plain chat through the model's own template (tools in it), tokenised."""
+    if not getattr(tok, "chat_template", None):
+        raise bad_request("this model has no chat template; use /v1/completions with a raw "
+                          "prompt", param="messages")
+    try:
+        text = tok.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False
+        )
+    except Exception as e:  # the template's own checks (role order, ...) fail as jinja errors
+        raise bad_request("the chat template cannot render these messages: "
+                          f"{echo(e, ECHO_MESSAGE_CHARS)}", param="messages") from e
+    check_chars(len(text), limits, "messages")
+    return list(tok.encode(text, add_special_tokens=False))
+
+
 def _question(messages: list[dict[str, str]]) -> str:
     users = [m["content"] for m in messages if m["role"] == "user"]
     if not users:
@@ -233,16 +298,68 @@ def _question(messages: list[dict[str, str]]) -> str:
     return users[-1]
 
 
+def _chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The request's messages as the chat template takes them, tool calls kept."""
+    out = []
+    for i, m in enumerate(req.messages):
+        d: dict[str, Any] = {"role": m.role, "content": _content_text(m.content, f"messages[{i}]")}
+        extra = m.model_extra or {}
+        for key in ("tool_calls", "tool_call_id"):
+            if extra.get(key) is not None:
+                d[key] = extra[key]
+        if m.name is not None:
+            d["name"] = m.name
+        out.append(d)
+    return out
+
+
+def _messages_session(
+    engine: Any, req: ChatCompletionRequest, options: DAOptions, max_tokens: int,
+    limits: Limits,
+) -> Session:
+    """The session of ``chunks: "messages"``: the conversation is the context."""
+    from declattn.api import RunVanilla
+
+    da = req.declarative_attention
+    assert da is not None
+    if da.context is not None or da.documents is not None:
+        raise bad_request(
+            "declarative_attention.chunks='messages' takes the conversation as its context: "
+            "drop 'context' and 'documents'",
+            param="declarative_attention.chunks", code="invalid_da_options",
+        )
+    messages = _chat_messages(req)
+    check_chars(sum(_nonspace(m["content"]) for m in messages), limits, "messages")
+    try:
+        return engine.messages_session(
+            messages, tools=req.tools, options=options, max_tokens=max_tokens
+        )
+    except RunVanilla as e:
+        ids = _template_ids(engine.tokenizer, messages, req.tools, limits)
+        sess = PlainSession(ids, limits.block_size)
+        sess.note = str(e)
+        return sess
+
+
 def _prepare_da(engine: Any, req: ChatCompletionRequest, limits: Limits) -> Prepared:
     da = req.declarative_attention
     assert da is not None
-    options = da_options(da, getattr(engine, "da_defaults", None))
-    context = da_context(da)
-    question = _question(_messages(req))
+    options = da_options(da, engine.da_defaults)
     requested = req.max_completion_tokens or req.max_tokens
     max_tokens, explicit = _requested_max(requested, limits.default_max_tokens, limits)
     try:
-        sess = engine.session(context, question, da=True, options=options, max_tokens=max_tokens)
+        if da.chunks == "messages":
+            sess = _messages_session(engine, req, options, max_tokens, limits)
+        else:
+            context = da_context(da)
+            # every character of the context is in the prompt, whitespace perhaps trimmed
+            check_chars(_nonspace(context), limits, "declarative_attention.context")
+            question = _question(_messages(req))
+            sess = engine.session(
+                context, question, da=True, options=options, max_tokens=max_tokens
+            )
+    except APIError:
+        raise
     except SegmentError as e:
         raise bad_request(f"declarative_attention: {e}", param="declarative_attention.context",
                           code="invalid_da_options") from e
@@ -252,9 +369,11 @@ def _prepare_da(engine: Any, req: ChatCompletionRequest, limits: Limits) -> Prep
         raise bad_request(f"declarative_attention: {e}", param="declarative_attention",
                           code="invalid_da_options") from e
     final = _fit_length(len(sess.prompt_ids), max_tokens, explicit, limits)
-    if final != max_tokens and getattr(sess, "runaway", None) is not None:
+    if final != max_tokens and isinstance(sess, DASession) and sess.runaway is not None:
         sess.runaway.max_tokens = final  # the guard's budget is the response's budget
-    return Prepared(sess.prompt_ids, _params(req, final), sess, True, da.return_tags == "strip")
+    strip = da.return_tags == "strip" and isinstance(sess, DASession)
+    return Prepared(sess.prompt_ids, _params(req, final), sess, True, strip,
+                    limits.timeout(req.timeout))
 
 
 # -- entry points --------------------------------------------------------------------
@@ -263,21 +382,12 @@ def prepare_chat(engine: Any, req: ChatCompletionRequest, limits: Limits) -> Pre
     _check_n(req.n)
     if req.declarative_attention is not None:
         return _prepare_da(engine, req, limits)
-    tok = engine.tokenizer
-    if not getattr(tok, "chat_template", None):
-        raise bad_request("this model has no chat template; use /v1/completions with a raw "
-                          "prompt", param="messages")
-    messages = _messages(req)
-    try:
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    except Exception as e:  # the template's own checks (role order, ...) fail as jinja errors
-        raise bad_request(f"the chat template cannot render these messages: {e}",
-                          param="messages") from e
-    ids = list(tok.encode(text, add_special_tokens=False))
+    ids = _template_ids(engine.tokenizer, _chat_messages(req), req.tools, limits)
     requested = req.max_completion_tokens or req.max_tokens
     max_tokens, explicit = _requested_max(requested, limits.default_max_tokens, limits)
     final = _fit_length(len(ids), max_tokens, explicit, limits)
-    return Prepared(ids, _params(req, final), PlainChat(ids, limits.block_size), False)
+    return Prepared(ids, _params(req, final), PlainSession(ids, limits.block_size), False,
+                    timeout_s=limits.timeout(req.timeout))
 
 
 def prepare_completion(engine: Any, req: CompletionRequest, limits: Limits) -> Prepared:
@@ -292,12 +402,14 @@ def prepare_completion(engine: Any, req: CompletionRequest, limits: Limits) -> P
                               param="prompt", code="unsupported_value")
         prompt = prompt[0]
     valid_text(prompt, "prompt")
+    check_chars(len(prompt), limits, "prompt")
     ids = list(engine.tokenizer.encode(prompt, add_special_tokens=True))
     if not ids:
         raise bad_request("the prompt is empty", param="prompt")
     max_tokens, explicit = _requested_max(req.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS, limits)
     final = _fit_length(len(ids), max_tokens, explicit, limits)
-    return Prepared(ids, _params(req, final), PlainChat(ids, limits.block_size), False)
+    return Prepared(ids, _params(req, final), PlainSession(ids, limits.block_size), False,
+                    timeout_s=limits.timeout(req.timeout))
 
 
 __all__ = ["APIError", "Limits", "Prepared", "prepare_chat", "prepare_completion"]

@@ -7,10 +7,14 @@ the engine, and posts each request's output to its queue with
 
 1. drops cancelled requests (a client that went away): ``engine.abort`` frees blocks;
 2. admits queued requests in arrival order while the batch has room and the KV pool
-   has the blocks for the request's prompt plus ``max_tokens``. Those blocks are
-   reserved at admission, so a running request never meets ``PoolExhausted`` mid-decode
-   and its blocks come out physically consecutive, which decode attention reads fastest;
-3. runs one engine step (a prefill chunk, or one decode step for the whole batch).
+   has the blocks for the request's prompt (beyond those the admitted but not yet
+   prefilled requests will take). Nothing is reserved for ``max_tokens``: a response
+   takes blocks as it grows, and when the pool runs out the engine preempts the running
+   request holding the most blocks, which resumes by recompute later. So one long
+   request cannot hold the pool while short ones wait behind it;
+3. ends requests past their deadline (``--request-timeout`` or the request's own
+   ``timeout``) with what they wrote so far;
+4. runs one engine step (a prefill chunk, or one decode step for the whole batch).
 
 A failure fails the requests it belongs to, never the thread: a controller's exception
 is fenced per request (``Guarded``); a prefill failure fails the sequence being
@@ -28,18 +32,25 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from declattn.engine.engine import PagedEngine, Sequence_, TokenEvent
+from declattn.engine.request import Request, TokenEvent
+from declattn.protocol.tags import Declaration
 from declattn.server.controllers import ERROR_REASON, Guarded
 from declattn.server.errors import APIError
 from declattn.server.metrics import Metrics
 from declattn.server.prepare import Prepared
+from declattn.session import DASession, Session
+
+if TYPE_CHECKING:
+    from declattn.api import Engine
 
 log = logging.getLogger("declattn.server")
 
-_OPENAI_REASON = {"length": "length", "runaway:no_answer": "length"}
+TIMEOUT_REASON = "timeout"
+_OPENAI_REASON = {"length": "length", "runaway:no_answer": "length", TIMEOUT_REASON: "length"}
 """Engine finish reasons that OpenAI calls ``length``; every other one is ``stop``."""
 
 
@@ -86,11 +97,16 @@ class Job:
     queue: asyncio.Queue
     guard: Guarded
     submitted: float = field(default_factory=time.monotonic)
-    seq: Sequence_ | None = None
+    seq: Request | None = None
     shown: int = 0
     started: bool = False
     cancelled: bool = False
     done: bool = False
+
+    @property
+    def deadline(self) -> float | None:
+        t = self.prepared.timeout_s
+        return None if t is None else self.submitted + t
 
     def post(self, event: Event) -> None:
         if isinstance(event, Finished | Failed):
@@ -110,6 +126,9 @@ class Snapshot:
     prefilling: int = 0
     blocks_in_use: int = 0
     blocks_free: int = 0
+    blocks_cached: int = 0
+    cache_hits: int = 0
+    cache_lookups: int = 0
     steps: int = 0
     alive: bool = False
 
@@ -119,7 +138,7 @@ class Scheduler:
 
     def __init__(
         self,
-        core: PagedEngine,
+        engine: Engine,
         metrics: Metrics,
         *,
         max_batch: int = 32,
@@ -128,7 +147,7 @@ class Scheduler:
     ) -> None:
         if max_batch < 1 or max_queue < 1:
             raise ValueError("max_batch and max_queue must be >= 1")
-        self.core = core
+        self.engine = engine
         self.metrics = metrics
         self.max_batch = max_batch
         self.max_queue = max_queue
@@ -140,7 +159,7 @@ class Scheduler:
         self._stopping = False
         self._news = False  # a submit or cancel since the loop last looked
         self._thread: threading.Thread | None = None
-        self._snapshot = Snapshot(blocks_free=core.cache.num_free_blocks)
+        self._snapshot = Snapshot(blocks_free=engine.pool.free)
         self._steps = 0
 
     # -- event-loop side -----------------------------------------------------------
@@ -202,9 +221,10 @@ class Scheduler:
             worked = False
             try:
                 self._drop(cancels)
+                self._expire(time.monotonic())
                 self._admit()
                 self._publish()  # reservations are visible before any event of this step
-                worked = self.core.has_work
+                worked = self.engine.has_work
                 if worked:
                     self._step()
             except Exception:  # a bug of our own: log it, keep serving
@@ -225,11 +245,30 @@ class Scheduler:
                     self._pending.remove(job)
             if job.seq is not None and job.seq.seq_id in self._active:
                 del self._active[job.seq.seq_id]
-                self.core.abort(job.seq, "cancelled")
+                self.engine.abort(job.seq, "cancelled")
                 dropped = True
             job.done = True
             if dropped:  # not one that finished while its cancel was on its way
                 self.metrics.count_cancelled()
+
+    def _expire(self, now: float) -> None:
+        """End requests past their deadline: queued ones with a 408, running ones with
+        what they wrote so far (their finish reason says ``timeout``)."""
+        with self._cond:
+            late = [j for j in self._pending if j.deadline is not None and now >= j.deadline]
+            for job in late:
+                self._pending.remove(job)
+        for job in late:
+            job.post(Failed(APIError(
+                408, f"the request waited {job.prepared.timeout_s:g} s (its timeout) without "
+                "being admitted; retry later or raise the timeout", code="timeout",
+            )))
+        for job in list(self._active.values()):
+            if job.seq is not None and job.deadline is not None and now >= job.deadline:
+                self._active.pop(job.seq.seq_id, None)
+                self.engine.abort(job.seq, TIMEOUT_REASON)
+                self._flush(job)
+                self._finish(job, job.seq, TIMEOUT_REASON)
 
     def _admit(self) -> None:
         while True:
@@ -240,40 +279,41 @@ class Scheduler:
                 if job.cancelled:
                     self._pending.popleft()
                     continue
-                if job.prepared.blocks_needed > self.core.cache.num_free_blocks:
+                if job.prepared.blocks_needed > self.engine.pool.free - self._claimed():
                     return  # first come, first served: wait for blocks to free up
                 self._pending.popleft()
             self._start_job(job)
 
+    def _claimed(self) -> int:
+        """Blocks that admitted requests still waiting for their prefill will take."""
+        bs = self.engine.block_size
+        return sum(
+            -(-(len(j.seq.prompt_ids) - j.seq.prefilled) // bs) + 1
+            for j in self._active.values()
+            if j.seq is not None and j.seq.prefilled < len(j.seq.prompt_ids)
+        )
+
     def _start_job(self, job: Job) -> None:
         p = job.prepared
         try:
-            seq = self.core.add(p.prompt_ids, p.params, job.guard)
+            seq = self.engine.add(job.guard, p.params)
         except Exception as e:
             job.post(Failed(APIError(500, f"the engine refused the request: {e}")))
             return
         job.seq = seq
-        try:
-            self.core.cache.allocate(seq.seq_id, len(p.prompt_ids) + p.params.max_tokens)
-        except Exception as e:
-            self.core.abort(seq, ERROR_REASON)
-            job.post(Failed(APIError(500, f"KV reservation failed: {e}")))
-            return
         self._active[seq.seq_id] = job
         self.metrics.observe_queue_wait(time.monotonic() - job.submitted)
 
     def _step(self) -> None:
-        core = self.core
         # the sequences this step works on: one being prefilled, or the decoding batch
         # (taken before the step: a row that finished before the failure is in it too)
-        victims = [core.waiting[0]] if core.waiting else list(core.running)
+        victims = self.engine.next_batch()
         try:
-            events = core.step()
+            events = self.engine.step()
         except Exception as e:
             log.exception("engine step failed")
             for seq in victims:
                 self._fail_seq(seq, APIError(500, f"engine failure: {type(e).__name__}: {e}"))
-            core.counter.reset()
             return
         self._steps += 1
         for event in events:
@@ -286,10 +326,10 @@ class Scheduler:
                 log.exception("delivering a token failed")
                 self._fail_seq(job.seq, APIError(500, f"internal error: {e}"))
 
-    def _fail_seq(self, seq: Sequence_ | None, error: APIError) -> None:
+    def _fail_seq(self, seq: Request | None, error: APIError) -> None:
         if seq is None:
             return
-        self.core.abort(seq, ERROR_REASON)
+        self.engine.abort(seq, ERROR_REASON)
         job = self._active.pop(seq.seq_id, None)
         if job is not None:
             self.metrics.count_failed()
@@ -303,7 +343,6 @@ class Scheduler:
     def _deliver(self, job: Job, event: TokenEvent) -> None:
         seq = job.seq
         assert seq is not None
-        sess = job.prepared.session
         finished = event.finish_reason is not None
         self.metrics.count_tokens(1)
         if finished and event.finish_reason == ERROR_REASON and job.guard.error is not None:
@@ -313,33 +352,34 @@ class Scheduler:
         if not job.started:
             job.started = True
             job.post(Started())
-        reader = getattr(sess, "reader", None)
-        if reader is not None:
-            if finished and not reader.finished:
-                reader.finish()
-            end = reader.safe_end
-        else:
-            end = len(sess.text)
-        start, job.shown = job.shown, max(job.shown, end)
-        text = sess.text[start:end]
-        if text and job.prepared.strip_tags and reader is not None:
-            text = _strip(text, start, reader.declarations)
-        if text and not job.cancelled:
-            job.post(TextOut(text))
+        self._flush(job, finished)
         if finished:
             self._active.pop(seq.seq_id, None)
             self._finish(job, seq, event.finish_reason or "stop")
 
-    def _finish(self, job: Job, seq: Sequence_, reason: str) -> None:
+    def _flush(self, job: Job, finished: bool = True) -> None:
+        """Post the text the session may show now and the job has not shown yet (for
+        DA, up to the tag reader's decided offset; all of it once ``finished``)."""
+        sess = job.prepared.session
+        end = sess.visible_end(finished)
+        start, job.shown = job.shown, max(job.shown, end)
+        text = sess.text[start:end]
+        if text and job.prepared.strip_tags:
+            text = _strip(text, start, sess.declarations)
+        if text and not job.cancelled:
+            job.post(TextOut(text))
+
+    def _finish(self, job: Job, seq: Request, reason: str) -> None:
         sess = job.prepared.session
         usage = build_usage(sess, seq, reason)
         self.metrics.count_finished(
             usage["prompt_tokens"],
             usage["attended_tokens"],
             usage["vanilla_attended_tokens"],
+            seq.preemptions,
         )
         decls = None
-        if job.prepared.strip_tags and hasattr(sess, "declarations"):
+        if job.prepared.strip_tags:
             decls = [d.to_dict() for d in sess.declarations]
         self._publish()  # a client that sees its answer sees the blocks freed
         job.post(Finished(_OPENAI_REASON.get(reason, "stop"), reason, usage, decls))
@@ -347,13 +387,17 @@ class Scheduler:
     def _publish(self) -> None:
         with self._cond:
             queued = len(self._pending)
-        c = self.core
+        load = self.engine.load
+        pool = self.engine.pool
         self._snapshot = Snapshot(
             queued=queued,
-            running=len(c.running),
-            prefilling=len(c.waiting),
-            blocks_in_use=c.cache.blocks_in_use,
-            blocks_free=c.cache.num_free_blocks,
+            running=load.running,
+            prefilling=load.waiting,
+            blocks_in_use=pool.in_use,
+            blocks_free=pool.free,
+            blocks_cached=pool.cached,
+            cache_hits=pool.cache_hits,
+            cache_lookups=pool.cache_lookups,
             steps=self._steps,
             alive=not self._stopping,
         )
@@ -368,7 +412,7 @@ class Scheduler:
         self._publish()
 
 
-def _strip(text: str, start: int, declarations: Any) -> str:
+def _strip(text: str, start: int, declarations: Sequence[Declaration]) -> str:
     """``text`` (output offsets ``[start, start + len)``) without the declarations' tags."""
     end = start + len(text)
     out, pos = [], start
@@ -381,7 +425,7 @@ def _strip(text: str, start: int, declarations: Any) -> str:
     return "".join(out)
 
 
-def build_usage(sess: Any, seq: Sequence_, reason: str) -> dict[str, Any]:
+def build_usage(sess: Session, seq: Request, reason: str) -> dict[str, Any]:
     """OpenAI's usage, plus attended tokens and (for DA) the DA report.
 
     ``attended_tokens`` sums, over decode steps, the KV positions attention read;
@@ -390,16 +434,23 @@ def build_usage(sess: Any, seq: Sequence_, reason: str) -> dict[str, Any]:
     totals = sess.accounting.totals()
     prompt, completion = len(seq.prompt_ids), len(seq.output_ids)
     usage: dict[str, Any] = {
+        "engine_finish_reason": reason,
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": seq.cached_tokens},
+        "prefill_seconds": round(seq.prefill_seconds, 6),
+        "preemptions": seq.preemptions,
+        "decode_seconds": round(seq.decode_seconds, 6),
         "attended_tokens": totals["logical"],
         "vanilla_attended_tokens": totals["vanilla_logical"],
     }
-    if hasattr(sess, "reader"):
+    if sess.note is not None:
+        usage["declarative_attention"] = {"arm": sess.arm, "note": sess.note}
+    if isinstance(sess, DASession):
         by_mode = sess.accounting.by_mode()
         usage["declarative_attention"] = {
-            "arm": sess.mode_name,
+            "arm": sess.arm,
             "answer": sess.answer,
             "finish_reason": reason,
             "chunks": len(sess.chunks),

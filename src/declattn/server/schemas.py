@@ -9,7 +9,7 @@ state what a valid request is rather than what happens to be handled.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -45,6 +45,29 @@ class DARequest(BaseModel):
     )
     line_start: bool = Field(False, description="opening tags count only at line start")
     masking: bool = Field(True, description="false runs the DA prompt with full reads (DA-nm)")
+    chunks: Literal["context", "messages"] = Field(
+        "context",
+        description="'context': the magic chunks are cut from context/documents; "
+        "'messages': the conversation itself is the context, every earlier message (tool "
+        "results, documents pasted in a turn, earlier turns) a magic chunk",
+    )
+    focus: Literal["ids", "find", "both"] | None = Field(
+        None,
+        description="the focus form the instruction teaches: 'ids' (magic_chunks=\"K\"), "
+        "'find' (<focus find=\"WORDS\">, looked up in the chunks by the engine) or 'both' "
+        "(the find instruction, both constrained); the model's own by default",
+    )
+    index: int | None = Field(
+        None, ge=0, le=4096,
+        description="with focus 'find'/'both': a token budget for an in-context index of "
+        "the chunks in the instruction (0: none)",
+    )
+    min_context: int | None = Field(
+        None, ge=0,
+        description="contexts shorter than this many tokens run vanilla (the usage says so): "
+        "there DA would read more than full attention (default: the model's, measured; 0 "
+        "never falls back)",
+    )
     return_tags: Literal["content", "strip"] = Field(
         "content",
         description="'content' leaves tags in the text; 'strip' removes them and returns "
@@ -89,10 +112,19 @@ class _Sampling(BaseModel):
     n: int | None = Field(None, ge=1, description="only 1 is supported")
     stream: bool | None = False
     stream_options: StreamOptions | None = None
+    timeout: float | None = Field(
+        None, gt=0, le=86400,
+        description="seconds the request may take, queue included; past it the response "
+        "ends with what it wrote (finish_reason 'length', usage.engine_finish_reason "
+        "'timeout'); the server's --request-timeout caps it",
+    )
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(..., min_length=1)
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="tool definitions, rendered by the chat template"
+    )
     max_completion_tokens: int | None = Field(None, ge=1)
     declarative_attention: DARequest | None = None
 

@@ -1,0 +1,103 @@
+"""The HTTP connection under uvicorn: a deadline for the request line and headers.
+
+uvicorn closes a connection that stays idle after a response (``timeout_keep_alive``),
+but a fresh connection that sends nothing, or a request's headers one line every few
+seconds, are kept open for ever: a client can hold many such connections at no cost.
+No ASGI middleware can see them (the app is called only once the headers are in), so
+the deadline lives in the protocol: from the moment a connection opens, and again after
+each response, the next request's line and headers must arrive within
+``header_timeout_s`` or the connection is closed. The body has its own deadline in
+``request_body.BodyGuard``.
+
+The protocol is uvicorn's h11 one, used through its public surface (h11's connection
+state, uvicorn's ``on_response_complete`` hook); uvicorn itself pins neither.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from declattn.server.errors import APIError
+
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+KEEP_ALIVE_TIMEOUT_S = 5
+"""uvicorn's own default: an idle connection after a response is closed after this."""
+
+
+class HeaderDeadlineProtocol(H11Protocol):
+    """h11 over asyncio, closing a connection whose request headers are late."""
+
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout_s, self._late)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _late(self) -> None:
+        self._header_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is not h11.IDLE:  # the headers are in: the app has it
+            self._disarm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing() and self.conn.their_state is h11.IDLE:
+            self._arm()  # waiting for the next request on this connection
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 cannot parse (headers over its 16 KiB, a
+        malformed line), in OpenAI's error shape like every other error, then close."""
+        body = APIError(400, f"{msg} (the request line or headers are malformed or too large)",
+                        code="invalid_http").body()
+        data = json.dumps(body).encode()
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        for event in (h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+                      h11.Data(data=data), h11.EndOfMessage()):
+            self.transport.write(self.conn.send(event))
+        self.transport.close()
+
+
+def protocol(header_timeout_s: float) -> type[HeaderDeadlineProtocol]:
+    """The protocol class uvicorn instantiates per connection, with this deadline."""
+    return type("HeaderDeadlineProtocol", (HeaderDeadlineProtocol,),
+                {"header_timeout_s": header_timeout_s})
+
+
+def uvicorn_config(app: Any, *, host: str, port: int, log_level: str = "info",
+                   header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S) -> Any:
+    """How ``declattn serve`` (and the tests) run ``app`` under uvicorn."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        lifespan="on",
+        http=protocol(header_timeout_s),
+        timeout_keep_alive=KEEP_ALIVE_TIMEOUT_S,
+        timeout_graceful_shutdown=5,
+    )
