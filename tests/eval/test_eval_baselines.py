@@ -85,7 +85,7 @@ def test_every_step_reads_exactly_the_budget(tiny_engine, sample, arm):
     run = runner.run(arm, sample.context, sample.question, budget)
     sess, reads = run.session, run.seq.reads
     assert len(reads) == len(sess.steps) == 9
-    per_token = tiny_engine.core.cache.config.bytes_per_token
+    per_token = tiny_engine.pool.bytes_per_token
     n_layers = tiny_engine.loaded.config.num_layers
     for read, step in zip(reads, sess.steps, strict=True):
         n_blocks = -(-read.length // 16)
@@ -115,7 +115,7 @@ def test_quest_picks_what_the_rule_picks_from_the_pool(tiny_engine, sample, monk
     class Spy(baselines.QuestSession):
         def select_blocks(self, layer, q):
             n_blocks = -(-self._length // self.block_size)
-            fresh = BlockBounds(self.bounds.cache, self.bounds.seq_id)
+            fresh = BlockBounds(self.bounds.keys)
             kmin, kmax = fresh.get(layer, n_blocks - 1)
             expected = quest_view(quest_scores(q, kmin, kmax), n_blocks, self.budget, self.sink)
             got = super().select_blocks(layer, q)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from declattn.cli import main
+from declattn.eval.arms import ORDER
 
 ARGS = [
     "--tasks",
@@ -64,23 +65,7 @@ def test_eval_runs_writes_everything_and_resumes(model_dir, tmp_path, capsys, mo
     results = out / "results.jsonl"
     lines = _lines(results)
     rows = [json.loads(x) for x in lines]
-    assert len(rows) == 6
-    assert {r["arm"] for r in rows} == {
-        "vanilla",
-        "da-nm",
-        "da",
-        "da-constrained",
-        "streaming",
-        "quest",
-    }
-    assert [r["arm"] for r in rows[:6]] == [
-        "da",
-        "da-nm",
-        "da-constrained",
-        "vanilla",
-        "streaming",
-        "quest",
-    ]
+    assert [r["arm"] for r in rows] == list(ORDER)  # every arm, in run order
     for r in rows:
         assert "error" not in r
         assert r["header"]["answers"] and r["evidence_chunks"]
@@ -99,14 +84,14 @@ def test_eval_runs_writes_everything_and_resumes(model_dir, tmp_path, capsys, mo
     assert main([*cmd, "--samples", "1"]) == 0
     again = _lines(results)
     assert again[:4] == lines[:4]  # kept, not recomputed
-    assert len(again) == 6
+    assert len(again) == len(ORDER)
     assert [json.loads(x)["key"] for x in again] == [r["key"] for r in rows]
     assert "resumed: 4 rows" in capsys.readouterr().out
 
     # More samples: only the new ones run.
     assert main([*cmd, "--samples", "2"]) == 0
     grown = _lines(results)
-    assert grown[:6] == again and len(grown) == 12
+    assert grown[: len(ORDER)] == again and len(grown) == 2 * len(ORDER)
     summary = json.loads((out / "summary.json").read_text())
     assert {s["arm"] for s in summary} == {r["arm"] for r in rows}
     assert all(s["n"] == 2 for s in summary)

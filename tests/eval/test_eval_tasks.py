@@ -11,6 +11,9 @@ from declattn.protocol.prompt import render_plain
 from declattn.protocol.segment import segment
 
 LENGTH = 4096
+SINGLE = [name for name, task in TASKS.items() if task.turns is None]
+"""A conversation task is sized by its transcript, not by one prompt over its context
+(tests/eval/test_eval_agentic.py)."""
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +26,7 @@ def chunked(samples, task_data):
     return {n: segment(s.context, task_data.count, 1024, 1280) for n, s in samples.items()}
 
 
-@pytest.mark.parametrize("name", list(TASKS))
+@pytest.mark.parametrize("name", SINGLE)
 def test_rendered_length_is_the_requested_one(name, samples, smol_tokenizer, task_data):
     s = samples[name]
     prompt = render_plain(smol_tokenizer, s.context, s.prompt_question(da=False))
@@ -101,7 +104,7 @@ def test_task_names_and_families_resolve():
     assert resolve_tasks("qa") == ["qa_squad", "qa_hotpot"]
     assert resolve_tasks("vt,niah_single_noise,vt") == ["vt", "niah_single_noise"]
     assert set(resolve_tasks("all")) == set(TASKS)
-    assert set(FAMILIES) == {"niah", "vt", "aggregation", "qa", "twohop", "planted"}
+    assert set(FAMILIES) == {"niah", "vt", "aggregation", "qa", "twohop", "planted", "agentic"}
     with pytest.raises(ValueError, match="unknown task"):
         resolve_tasks("needle")
 

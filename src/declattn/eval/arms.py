@@ -4,42 +4,65 @@
 - ``da-nm``: the DA prompt, tags read but nothing masked (what the prompt alone does);
 - ``da``: DA with masking, no decoding constraint;
 - ``da-constrained``: DA with masking and the focus-declaration constraint;
-- ``streaming``: StreamingLLM on the ordinary prompt, at DA's mean blocks per step;
+- ``da-find``: DA taught ``<focus find="WORDS">`` (the engine looks the words up);
+- ``da-find-constrained``: the same, the phrase constrained to text the chunks hold;
+- ``da-find-index``: ``da-find`` with an in-context index of the chunks;
+- ``streaming``: StreamingLLM on the ordinary prompt, at DA's mean blocks per step (or
+  another DA arm's: ``ArmSettings.budget_arm``);
 - ``quest``: Quest-style top-k blocks on the ordinary prompt, at the same budget.
 
 The sparse arms take their budget from the ``da`` arm of the same sample, so ``da``
-runs first. ``ORDER`` also groups the arms by prompt, so one prompt's shared prefill is
-alive at a time.
+runs first. ``ORDER`` also groups the arms by prompt: the engine's prefix cache then
+gives every arm after the first its prompt's K/V without prefilling it again (bit for
+bit what a fresh prefill computes), while the previous prompt's blocks are evicted as
+the pool needs room.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from declattn.engine.engine import Sequence_
+from declattn.engine.request import Request
 from declattn.engine.sampler import SamplingParams
 from declattn.eval.baselines import QuestSession, StreamingSession, sink_blocks
-from declattn.eval.prefix import PrefixKV, prefill_prefix, start_from
-from declattn.session import DAOptions
+from declattn.protocol.prompt import render_plain
+from declattn.session import DAOptions, Session
 
-ARMS = ("vanilla", "da-nm", "da", "da-constrained", "streaming", "quest")
-ORDER = ("da", "da-nm", "da-constrained", "vanilla", "streaming", "quest")
-DA_ARMS = ("da-nm", "da", "da-constrained")
+if TYPE_CHECKING:
+    from declattn.api import Engine
+
+ARMS = (
+    "vanilla", "da-nm", "da", "da-constrained", "da-find", "da-find-constrained",
+    "da-find-index", "streaming", "quest",
+)
+ORDER = (
+    "da", "da-nm", "da-constrained", "da-find", "da-find-constrained", "da-find-index",
+    "vanilla", "streaming", "quest",
+)
+DA_ARMS = ("da-nm", "da", "da-constrained", "da-find", "da-find-constrained", "da-find-index")
 SPARSE_ARMS = ("streaming", "quest")
+INDEX_TOKENS = 256
+"""The in-context index's budget in the ``da-find-index`` arm (one line per chunk)."""
 
 
-def parse_arms(spec: str) -> list[str]:
-    """Arm names from a comma list (or ``all``), in run order; sparse arms need ``da``."""
+def parse_arms(spec: str, budget_arm: str = "da") -> list[str]:
+    """Arm names from a comma list (or ``all``), in run order; sparse arms need the arm
+    they take their budget from (``budget_arm``)."""
     names = list(ARMS) if spec.strip() == "all" else [a.strip() for a in spec.split(",") if a]
     unknown = [a for a in names if a not in ARMS]
     if unknown:
         raise ValueError(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(ARMS)}, all")
     if not names:
         raise ValueError("no arm given")
-    if any(a in SPARSE_ARMS for a in names) and "da" not in names:
-        raise ValueError("the streaming and quest arms take their budget from the da arm: add da")
+    if budget_arm not in DA_ARMS:
+        raise ValueError(f"the budget arm must be a DA arm ({', '.join(DA_ARMS)})")
+    if any(a in SPARSE_ARMS for a in names) and budget_arm not in names:
+        raise ValueError(
+            f"the streaming and quest arms take their budget from the {budget_arm} arm: "
+            f"add {budget_arm}"
+        )
     return [a for a in ORDER if a in names]
 
 
@@ -51,6 +74,7 @@ class ArmSettings:
     chunk_target: int = 2048
     chunk_cap: int = 2560
     sink: int = 16
+    budget_arm: str = "da"
 
     def da_options(self, arm: str) -> DAOptions:
         return DAOptions(
@@ -58,7 +82,9 @@ class ArmSettings:
             cap=self.chunk_cap,
             sink=self.sink,
             masking=arm != "da-nm",
-            constrain=arm == "da-constrained",
+            constrain=arm.endswith("-constrained"),
+            focus="find" if arm.startswith("da-find") else "ids",
+            index=INDEX_TOKENS if arm == "da-find-index" else 0,
         )
 
 
@@ -76,23 +102,22 @@ class ArmRun:
     """One finished response: its session (prompt, text, accounting) and its sequence."""
 
     arm: str
-    session: Any
-    seq: Sequence_
+    session: Session
+    seq: Request
     wall_seconds: float
-    prefill_seconds: float
     budget: int | None = None
     kv_dtype: str | None = None
 
 
 class ArmRunner:
-    """Runs arms on one engine, sharing each prompt's prefill between the arms that read it."""
+    """Runs arms on one engine; arms that read the same prompt share its prefill through
+    the engine's prefix cache."""
 
-    def __init__(self, engine: Any, settings: ArmSettings) -> None:
+    def __init__(self, engine: Engine, settings: ArmSettings) -> None:
         self.engine = engine
         self.settings = settings
-        self._prefix: PrefixKV | None = None
 
-    def session(self, arm: str, context: str, question: str, budget: int | None) -> Any:
+    def session(self, arm: str, context: str, question: str, budget: int | None) -> Session:
         e, s = self.engine, self.settings
         if arm in DA_ARMS:
             return e.session(
@@ -103,42 +128,32 @@ class ArmRunner:
         if budget is None:
             raise ValueError(f"the {arm} arm needs a budget (from the da arm)")
         cls = StreamingSession if arm == "streaming" else QuestSession
-        return cls(e.tokenizer, context, question, e.block_size, budget, s.sink)
+        ids = render_plain(e.tokenizer, context, question)
+        return cls(ids, e.block_size, budget, s.sink)
 
     def prompt_fits(self, n_prompt: int) -> bool:
-        limit = self.engine.loaded.config.max_position_embeddings
-        return n_prompt + self.settings.max_tokens <= limit
+        return n_prompt + self.settings.max_tokens <= self.engine.max_positions
 
     def run(self, arm: str, context: str, question: str, budget: int | None = None) -> ArmRun:
-        sess = self.session(arm, context, question, budget)
+        return self.execute(arm, self.session(arm, context, question, budget), budget)
+
+    def execute(self, arm: str, sess: Session, budget: int | None = None) -> ArmRun:
+        """Run ``sess`` to its end and time it (a conversation's turn builds its own)."""
         if not self.prompt_fits(len(sess.prompt_ids)):
-            limit = self.engine.loaded.config.max_position_embeddings
             raise PromptTooLong(
                 f"prompt of {len(sess.prompt_ids)} tokens + max_tokens "
-                f"{self.settings.max_tokens} exceeds the model's {limit} positions"
+                f"{self.settings.max_tokens} exceeds the model's {self.engine.max_positions} "
+                "positions"
             )
-        prefix = self._prefix_for(sess.prompt_ids)
-        core = self.engine.core
         params = SamplingParams(max_tokens=self.settings.max_tokens)
         t0 = time.perf_counter()
-        seq = start_from(core, prefix, params, sess)
+        seq = self.engine.add(sess, params)
         if isinstance(sess, QuestSession):
-            sess.bind(core.cache, seq.seq_id)
-        for _ in core.run(seq):
+            sess.bind(self.engine.block_keys(seq))
+        for _ in self.engine.run(seq):
             pass
         wall = time.perf_counter() - t0
-        kv_dtype = str(core.cache.config.dtype).removeprefix("torch.")
-        return ArmRun(arm, sess, seq, wall, prefix.seconds, budget, kv_dtype)
-
-    def _prefix_for(self, prompt_ids: list[int]) -> PrefixKV:
-        if self._prefix is None or self._prefix.prompt_ids != tuple(prompt_ids):
-            self._prefix = None  # free the previous prompt's K/V before the next prefill
-            self._prefix = prefill_prefix(self.engine.core, prompt_ids)
-        return self._prefix
-
-    def forget(self) -> None:
-        """Drop the shared prefill (between samples)."""
-        self._prefix = None
+        return ArmRun(arm, sess, seq, wall, budget, self.engine.kv_dtype)
 
 
 class PromptTooLong(ValueError):

@@ -27,10 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from declattn.accounting import Accounting, StepRecord
-from declattn.protocol.modes import Mode
-from declattn.protocol.prompt import render_plain
+from declattn.engine.kv import SequenceKeys
 from declattn.scope import StepCount
+from declattn.session import Session
 
 
 def sink_blocks(sink_tokens: int, block_size: int) -> int:
@@ -88,24 +87,19 @@ class BlockBounds:
     """Per-layer elementwise min and max of each full block's keys, built as blocks fill.
 
     Blocks never change once full (nothing is evicted or renumbered), so each block's
-    bounds are computed once, from the pool, the first time a step needs them.
+    bounds are computed once, from the stored keys, the first time a step needs them.
     """
 
-    def __init__(self, cache: Any, seq_id: int) -> None:
-        self.cache, self.seq_id = cache, seq_id
+    def __init__(self, keys: SequenceKeys) -> None:
+        self.keys = keys
         self._min: dict[int, Tensor] = {}
         self._max: dict[int, Tensor] = {}
 
     def get(self, layer: int, n_full: int) -> tuple[Tensor, Tensor]:
-        pool = self.cache.k[layer]
-        n_kv, _, dim = pool.shape
         lo_t = self._min.get(layer)
         have = 0 if lo_t is None else lo_t.shape[1]
         if n_full > have:
-            bs = self.cache.block_size
-            phys = torch.from_numpy(self.cache.block_array(self.seq_id)[have:n_full].copy())
-            rows = (phys[:, None] * bs + torch.arange(bs)[None, :]).reshape(-1).to(pool.device)
-            keys = pool.index_select(1, rows).float().view(n_kv, n_full - have, bs, dim)
+            keys = self.keys.blocks(layer, have, n_full)
             new_min, new_max = keys.amin(dim=2), keys.amax(dim=2)
             if lo_t is None:
                 self._min[layer], self._max[layer] = new_min, new_max
@@ -128,51 +122,30 @@ def budget_count(length: int, budget: int, block_size: int) -> StepCount:
     )
 
 
-class BudgetSession:
+class BudgetSession(Session):
     """A vanilla request whose decode steps read ``budget`` blocks: the common part of
     the baselines (ordinary prompt, text, accounting); subclasses choose the blocks."""
 
-    mode_name = "budget"
+    arm = "budget"
 
     def __init__(
-        self,
-        tokenizer: Any,
-        context: str,
-        question: str,
-        block_size: int,
-        budget: int,
-        sink_tokens: int = 16,
+        self, prompt_ids: Sequence[int], block_size: int, budget: int, sink_tokens: int = 16
     ) -> None:
         if budget < 1:
             raise ValueError("the budget must be at least one block")
-        self.prompt_ids = render_plain(tokenizer, context, question)
-        self.block_size = block_size
+        super().__init__(prompt_ids, block_size)
         self.budget = budget
         self.sink = sink_blocks(sink_tokens, block_size)
-        self.accounting = Accounting()
-        self.steps: list[StepRecord] = []
         self.expected_views: list[tuple[int, ...] | None] = []
-        self.text = ""
 
     def _record(self, length: int) -> None:
-        count = budget_count(length, self.budget, self.block_size)
-        record = StepRecord.from_count(len(self.steps) + 1, Mode.GLOBAL, (), length, count)
-        self.steps.append(record)
-        self.accounting.add(record)
-
-    def on_token(self, token_id: int, text: str) -> str | None:
-        self.text += text
-        return None
-
-    @property
-    def answer(self) -> str:
-        return self.text.strip()
+        self.record(length, budget_count(length, self.budget, self.block_size))
 
 
 class StreamingSession(BudgetSession):
     """StreamingLLM: attention sink plus the most recent blocks."""
 
-    mode_name = "streaming"
+    arm = "streaming"
 
     def view(self, length: int) -> list[int]:
         self._record(length)
@@ -184,11 +157,13 @@ class StreamingSession(BudgetSession):
 class QuestSession(BudgetSession):
     """Quest-style query-aware selection, per global layer, from the current query.
 
-    ``bind(cache, seq_id)`` must be called once the engine has admitted the sequence
+    ``bind(keys)`` must be called once the engine has admitted the sequence
     (the bounds are read from its KV blocks).
     """
 
-    mode_name = "quest"
+    arm = "quest"
+
+    selects_blocks = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -197,8 +172,9 @@ class QuestSession(BudgetSession):
         self.selected: list[dict[int, tuple[int, ...]]] = []
         self._length = 0
 
-    def bind(self, cache: Any, seq_id: int) -> None:
-        self.bounds = BlockBounds(cache, seq_id)
+    def bind(self, keys: SequenceKeys) -> None:
+        """Give the session its sequence's stored keys (once the engine admitted it)."""
+        self.bounds = BlockBounds(keys)
 
     def view(self, length: int) -> None:
         """All blocks as the fallback view; ``select_blocks`` decides per global layer."""
@@ -216,6 +192,6 @@ class QuestSession(BudgetSession):
         else:
             kmin, kmax = self.bounds.get(layer, n_blocks - 1)
             blocks = quest_view(quest_scores(q, kmin, kmax), n_blocks, self.budget, self.sink)
-            self.meta_bytes += 2 * kmin.numel() * self.bounds.cache.k[layer].element_size()
+            self.meta_bytes += 2 * kmin.numel() * self.bounds.keys.element_size
         self.selected[-1][layer] = tuple(blocks)
         return blocks

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from statistics import fmean
 from typing import Any
 
+from declattn.accounting import saving
 from declattn.eval.rows import steps_of
 from declattn.eval.scoring import score
 
@@ -45,11 +46,17 @@ class RowMetrics:
     wall_seconds: float
     decode_seconds: float
     lenient_accuracy: float = 0.0
+    global_blocks: int | None = None  # accepted <global> blocks (DA arms)
+    decline_reasons: dict[str, int] = field(default_factory=dict)
+    match_quality: dict[str, int] = field(default_factory=dict)  # find focus: exact/window
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens taken from the prefix cache, not prefilled
+    prefill_seconds: float = 0.0
 
     @property
     def saving(self) -> float:
         """Logical reads avoided against full attention over the same transcript."""
-        return 1 - self.logical / self.vanilla_logical if self.vanilla_logical else 0.0
+        return saving(self.logical, self.vanilla_logical)
 
     @property
     def per_step(self) -> float:
@@ -82,7 +89,7 @@ def row_metrics(row: dict[str, Any]) -> RowMetrics:
     s = score(prediction(row), row["header"])
     totals, by_mode = row["totals"], row["by_mode"]
     steps = steps_of(row)
-    is_da = row["arm"] in ("da", "da-nm", "da-constrained")
+    is_da = row["arm"].startswith("da")
     n_global = sum(1 for st in steps if st["mode"] == "global")
     attempts = accepted = on_answer = None
     covered = None
@@ -115,7 +122,30 @@ def row_metrics(row: dict[str, Any]) -> RowMetrics:
         wall_seconds=row["timing"]["wall_seconds"],
         decode_seconds=row["timing"]["decode_seconds"],
         lenient_accuracy=_lenient(row, s.accuracy),
+        global_blocks=_count_kind(row, "global") if is_da else None,
+        decline_reasons=_tally(d["declined"] for d in row["declines"]) if is_da else {},
+        match_quality=_tally(
+            d.get("match") for d in row["declarations"] if d["kind"] == "focus" and d.get("match")
+        ),
+        prompt_tokens=row.get("prompt_tokens", 0),
+        cached_tokens=row["timing"].get("cached_prompt_tokens", 0),
+        # rows written before the prefix cache timed a shared prefill instead
+        prefill_seconds=row["timing"].get(
+            "prefill_seconds", row["timing"].get("shared_prefill_seconds", 0.0)
+        ),
     )
+
+
+def _count_kind(row: dict[str, Any], kind: str) -> int:
+    return sum(1 for d in row["declarations"] if d["kind"] == kind and d["declined"] is None)
+
+
+def _tally(values: Iterable[str | None]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for v in values:
+        if v is not None:
+            out[v] = out.get(v, 0) + 1
+    return out
 
 
 def _lenient(row: dict[str, Any], strict: float) -> float:
@@ -157,6 +187,12 @@ class Summary:
     wall_seconds: float | None
     logical_by_mode: dict[str, float] = field(default_factory=dict)  # mean per response
     lenient_accuracy: float | None = None  # macro, format failures scored on their text
+    no_global_share: float | None = None  # DA replies that declared no <global> block
+    decline_reasons: dict[str, int] = field(default_factory=dict)  # summed
+    match_quality: dict[str, int] = field(default_factory=dict)  # find focus, summed
+    prompt_tokens: float | None = None
+    cached_tokens: float | None = None  # of the prompt, from the prefix cache
+    prefill_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -202,7 +238,21 @@ def summarize(rows: Sequence[dict[str, Any]]) -> Summary:
         wall_seconds=_mean(m.wall_seconds for _, m in ms),
         logical_by_mode=_by_mode([m for _, m in ms]),
         lenient_accuracy=fmean(fmean(v) for v in lenient.values()) if lenient else None,
+        no_global_share=_mean(m.global_blocks == 0 for m in da) if da else None,
+        decline_reasons=_sum_tallies(m.decline_reasons for _, m in ms),
+        match_quality=_sum_tallies(m.match_quality for _, m in ms),
+        prompt_tokens=_mean(m.prompt_tokens for _, m in ms),
+        cached_tokens=_mean(m.cached_tokens for _, m in ms),
+        prefill_seconds=_mean(m.prefill_seconds for _, m in ms),
     )
+
+
+def _sum_tallies(tallies: Iterable[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in tallies:
+        for k, v in t.items():
+            out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items()))
 
 
 def group(rows: Iterable[dict[str, Any]], *keys: str) -> dict[tuple, list[dict[str, Any]]]:

@@ -3,7 +3,8 @@ roofline projection are computed from, so none of them needs the run again.
 
 Steps are stored as lists under ``STEP_FIELDS`` (a 200-step response is a few KB). The
 context itself is not stored: task, length and seed regenerate it, and its sha256 is
-kept to prove a regeneration matches.
+kept to prove a regeneration matches. A conversation (the agentic task) writes one row per
+turn: its key ends in the turn, ``turn`` says which, and its header is the turn's own.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from declattn.eval.arms import ArmRun
+from declattn.eval.baselines import QuestSession
 from declattn.eval.sample import Sample, evidence_chunks
-from declattn.protocol.segment import segment
-from declattn.session import DASession, token_counter
+from declattn.protocol.segment import segment, token_counter
+from declattn.session import DASession
 
 ROW_VERSION = 1
 STEP_FIELDS = (
@@ -32,8 +34,11 @@ STEP_FIELDS = (
 )
 
 
-def row_key(model: str, task: str, length: int, sample: int, arm: str) -> str:
-    return f"{model}|{task}|{length}|{sample}|{arm}"
+def row_key(
+    model: str, task: str, length: int, sample: int, arm: str, turn: int | None = None
+) -> str:
+    key = f"{model}|{task}|{length}|{sample}|{arm}"
+    return key if turn is None else f"{key}|{turn}"
 
 
 def sample_chunks(run: ArmRun, sample: Sample, tokenizer: Any, target: int, cap: int) -> list:
@@ -52,7 +57,12 @@ def build_row(
     index: int,
     chunks: list,
     machine: dict[str, Any],
+    turn: int | None = None,
+    header: dict[str, Any] | None = None,
+    evidence: list[tuple[int, ...]] | None = None,
 ) -> dict[str, Any]:
+    """``turn``, ``header`` and ``evidence`` (chunk ids per evidence span): a turn of a
+    conversation, whose header and evidence are the turn's rather than the sample's."""
     sess, seq = run.session, run.seq
     reads = {r.index: r for r in seq.reads}
     steps = []
@@ -76,23 +86,15 @@ def build_row(
     is_da = isinstance(sess, DASession)
     answer = sess.answer
     row: dict[str, Any] = {
-        "version": ROW_VERSION,
-        "key": row_key(model, sample.task, sample.length, index, run.arm),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "model": model,
-        "arm": run.arm,
-        "task": sample.task,
-        "family": sample.family,
-        "length": sample.length,
-        "sample": index,
-        "seed": sample.seed,
-        "header": sample.header(),
+        **_head(model, sample, index, run.arm, turn, header),
         "prompt_tokens": len(seq.prompt_ids),
         "block_size": sess.block_size,
         "kv_dtype": run.kv_dtype,
         "max_tokens": seq.params.max_tokens,
         "chunks": [[c.id, c.start, c.end, c.tokens] for c in chunks],
-        "evidence_chunks": [list(ids) for ids in evidence_chunks(sample, chunks)],
+        "evidence_chunks": [
+            list(ids) for ids in (evidence_chunks(sample, chunks) if evidence is None else evidence)
+        ],
         "budget_blocks": run.budget,
         "output": {
             "text": sess.text,
@@ -107,8 +109,8 @@ def build_row(
         "totals": sess.accounting.totals(),
         "by_mode": {str(m): v for m, v in sess.accounting.by_mode().items()},
         "timing": {
-            "shared_prefill_seconds": run.prefill_seconds,
-            "last_token_prefill_seconds": seq.prefill_seconds,
+            "prefill_seconds": seq.prefill_seconds,
+            "cached_prompt_tokens": seq.cached_tokens,
             "decode_seconds": seq.decode_seconds,
             "wall_seconds": run.wall_seconds,
         },
@@ -117,21 +119,40 @@ def build_row(
     if is_da:
         row["layout"] = sess.layout.to_dict()
         row["prompt_style"] = sess.prompt.style
-        guard = getattr(sess, "runaway", None)
+        guard = sess.runaway
         row["runaway"] = guard.to_dict() if guard is not None and guard.reason else None
-    meta = getattr(sess, "meta_bytes", None)
-    if meta is not None:
-        row["quest_meta_bytes"] = meta
+    if isinstance(sess, QuestSession):
+        row["quest_meta_bytes"] = sess.meta_bytes
     return row
 
 
 def error_row(
-    model: str, sample: Sample, index: int, arm: str, error: str, machine: dict[str, Any]
+    model: str,
+    sample: Sample,
+    index: int,
+    arm: str,
+    error: str,
+    machine: dict[str, Any],
+    turn: int | None = None,
+    header: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A response that could not run (e.g. the prompt is longer than the model allows)."""
+    return {**_head(model, sample, index, arm, turn, header), "error": error, "machine": machine}
+
+
+def _head(
+    model: str,
+    sample: Sample,
+    index: int,
+    arm: str,
+    turn: int | None,
+    header: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """What every row opens with: which response it is, and the sample's (or the turn's)
+    header."""
     return {
         "version": ROW_VERSION,
-        "key": row_key(model, sample.task, sample.length, index, arm),
+        "key": row_key(model, sample.task, sample.length, index, arm, turn),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "model": model,
         "arm": arm,
@@ -140,9 +161,8 @@ def error_row(
         "length": sample.length,
         "sample": index,
         "seed": sample.seed,
-        "header": sample.header(),
-        "error": error,
-        "machine": machine,
+        **({} if turn is None else {"turn": turn}),
+        "header": header if header is not None else sample.header(),
     }
 
 

@@ -4,6 +4,8 @@ Rows are appended and flushed one by one, so an interrupted run loses at most th
 response in flight; a rerun with the same output file skips every key already present
 (a half-written last line is cut off first). The sparse arms of a sample read their
 budget from that sample's ``da`` row, whether it was written in this run or before.
+A conversation task (``agentic``) is handed to ``conversation.turn_rows``: one row per
+turn and arm, resumed turn by turn like the rest.
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from declattn.eval.arms import DA_ARMS, ArmRunner, ArmSettings, PromptTooLong, budget_from_da
+from declattn.eval.conversation import turn_rows
 from declattn.eval.judge import Judge
 from declattn.eval.rows import build_row, error_row, row_key, sample_chunks
-from declattn.eval.tasks import TaskData, generate
+from declattn.eval.tasks import TaskData, generate, turns_of
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,9 @@ class EvalSpec:
 
     @property
     def total(self) -> int:
-        return len(self.tasks) * len(self.lengths) * self.samples * len(self.arms)
+        """Rows the spec makes: one per response, a conversation's one per turn."""
+        responses = sum(turns_of(t) or 1 for t in self.tasks)
+        return responses * len(self.lengths) * self.samples * len(self.arms)
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
@@ -83,43 +88,59 @@ def run_eval(
     rejudged = False
     status = on_status or (lambda _text: None)
     with out.open("a", encoding="utf-8") as f:
+
+        def keep(row: dict[str, Any], resumed: bool) -> None:
+            """A row joins the results: a new one is judged, written and flushed at once."""
+            nonlocal rejudged
+            if resumed:
+                rejudged |= _judge_row(judge, row)
+            else:
+                _judge_row(judge, row)
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                f.flush()
+                done[row["key"]] = row
+            rows.append(row)
+            if on_row:
+                on_row(row, resumed)
+
         for task, length, index in spec.units():
-            keys = {a: row_key(spec.model, task, length, index, a) for a in spec.arms}
-            if all(k in done for k in keys.values()):
-                for arm in spec.arms:
-                    rejudged |= _judge_row(judge, done[keys[arm]])
-                    rows.append(done[keys[arm]])
-                    if on_row:
-                        on_row(done[keys[arm]], True)
+            turns = turns_of(task)
+            keys = [
+                row_key(spec.model, task, length, index, a, t)
+                for a in spec.arms
+                for t in (range(1, turns + 1) if turns else [None])
+            ]
+            if all(k in done for k in keys):
+                for k in keys:
+                    keep(done[k], True)
                 continue
             status(f"{task} {length} #{index}: generating")
             if data is None or runner is None:
                 data = TaskData.for_tokenizer(engine.tokenizer)
                 runner = ArmRunner(engine, spec.settings)
             sample = generate(task, data, length, spec.seed + index)
+            if turns:  # a conversation: one row per turn, each arm a conversation of its own
+                for arm in spec.arms:
+                    status(f"{task} {length} #{index}: {arm}, {turns} turns")
+                    for row, resumed in turn_rows(
+                        engine, spec.settings, sample, index, arm,
+                        model=spec.model, done=done, machine=machine,
+                    ):
+                        if resumed:
+                            _check_same_sample(row, sample)
+                        keep(row, resumed)
+                continue
             chunks: list | None = None
-            for arm in spec.arms:
-                key = keys[arm]
+            for arm, key in zip(spec.arms, keys, strict=True):
                 if key in done:
-                    row = done[key]
-                    _check_same_sample(row, sample)
-                    rejudged |= _judge_row(judge, row)
-                    rows.append(row)
-                    if on_row:
-                        on_row(row, True)
+                    _check_same_sample(done[key], sample)
+                    keep(done[key], True)
                     continue
                 status(f"{task} {length} #{index}: {arm}")
                 row = _run_one(engine, runner, spec, sample, index, arm, done, chunks, machine)
                 if "chunks" in row and chunks is None:
                     chunks = _chunks_of(row, sample)
-                _judge_row(judge, row)
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                f.flush()
-                done[key] = row
-                rows.append(row)
-                if on_row:
-                    on_row(row, False)
-            runner.forget()
+                keep(row, False)
     if rejudged:
         _rewrite(out, done.values())
     return rows
@@ -160,9 +181,10 @@ def _run_one(
     budget = None
     mean = None
     if arm in ("streaming", "quest"):
-        da = done.get(row_key(spec.model, sample.task, sample.length, index, "da"))
+        source = spec.settings.budget_arm
+        da = done.get(row_key(spec.model, sample.task, sample.length, index, source))
         if da is None or "error" in da:
-            why = "the da arm failed" if da else "no da row"
+            why = f"the {source} arm failed" if da else f"no {source} row"
             return error_row(spec.model, sample, index, arm, f"no budget: {why}", machine)
         budget, mean = budget_from_da(da, spec.settings.sink)
     try:

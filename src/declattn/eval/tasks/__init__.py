@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from declattn.eval.sample import Sample
-from declattn.eval.tasks import compare, niah, planted, qa, variables, words
+from declattn.eval.tasks import agentic, compare, niah, planted, qa, variables, words
 from declattn.eval.tasks.base import TaskData
 
-__all__ = ["TASKS", "Task", "TaskData", "generate", "resolve_tasks"]
+__all__ = ["TASKS", "Task", "TaskData", "generate", "resolve_tasks", "turns_of"]
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,8 @@ class Task:
     family: str
     make: Callable[[TaskData, int, int], Sample]
     description: str
+    turns: int | None = None
+    """A conversation of this many turns (one response each), or None: one response."""
 
 
 TASKS: dict[str, Task] = {
@@ -55,6 +57,13 @@ TASKS: dict[str, Task] = {
         Task("qa_hotpot", "qa", qa.hotpot, "HotpotQA two-paragraph question among distractors"),
         Task("twohop", "twohop", compare.compare_two_facts, "compare two facts far apart"),
         Task("planted", "planted", planted.planted, "the main job's invented fact in essays"),
+        Task(
+            agentic.TASK,
+            agentic.FAMILY,
+            agentic.agentic,
+            f"an agent's transcript of read_file results, {agentic.TURNS} questions in turns",
+            turns=agentic.TURNS,
+        ),
     )
 }
 
@@ -79,6 +88,11 @@ def resolve_tasks(spec: str) -> list[str]:
     if not out:
         raise ValueError("no task given")
     return out
+
+
+def turns_of(name: str) -> int | None:
+    """The turns of task ``name``'s conversation, or None for a single-response task."""
+    return TASKS[name].turns
 
 
 def generate(name: str, data: TaskData, length: int, seed: int) -> Sample:

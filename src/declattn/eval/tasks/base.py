@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from declattn.corpus import essays, ruler_data_file
+from declattn.eval.corpus import essays, ruler_data_file
 from declattn.eval.sample import plain_question
+from declattn.protocol.segment import token_counter
 
 FIT_TOLERANCE = 0.02
 """A built context may miss its token target by this fraction before it is rebuilt."""
@@ -65,10 +66,7 @@ class TaskData:
 
     @classmethod
     def for_tokenizer(cls, tokenizer: Any) -> TaskData:
-        def count(text: str) -> int:
-            return len(tokenizer.encode(text, add_special_tokens=False))
-
-        return cls(count)
+        return cls(token_counter(tokenizer))
 
     @cached_property
     def essays(self) -> list[list[str]]:

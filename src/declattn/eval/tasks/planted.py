@@ -8,7 +8,7 @@ number only") that would compete with the DA instruction.
 
 from __future__ import annotations
 
-from declattn.corpus import planted_document, planted_fact
+from declattn.eval.corpus import planted_document, planted_fact
 from declattn.eval.sample import Sample
 from declattn.eval.tasks.base import PLAIN_SCAFFOLD, TaskData
 
