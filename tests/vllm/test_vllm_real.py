@@ -2,8 +2,10 @@
 
 One vLLM engine runs in this process with the plugin; a second, in a child process with
 the plugin switched off (``VLLM_PLUGINS=""``), runs the same batch as the reference for
-"untouched". Both use fp32 and block size 32, as does our engine here, so greedy outputs
-can be compared token for token.
+"untouched"; a third is vLLM's OpenAI-compatible server. All use fp32 and block size 32,
+as does our engine here, so greedy outputs can be compared token for token; the first two
+cache prefixes, so the batch's requests over one prompt share its prefill (as they do
+in ``eval --backend vllm``).
 
 Skipped where vLLM is not installed (the main virtual environment); ``make test`` runs
 this module in the vLLM one (.venv-vllm).
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from phrases import naming_phrase
 
 pytest.importorskip("vllm.v1.sample.logits_processor")  # a real vLLM, not this folder
 
@@ -26,9 +29,9 @@ from declattn.vllm.offline import offline_env  # noqa: E402
 
 offline_env()
 
-import torch  # noqa: E402
 
 from declattn.api import Engine  # noqa: E402
+from declattn.engine.controller import Forced  # noqa: E402
 from declattn.engine.sampler import SamplingParams as EngineParams  # noqa: E402
 from declattn.protocol.modes import Mode  # noqa: E402
 from declattn.protocol.prompt import render_plain  # noqa: E402
@@ -38,46 +41,27 @@ from declattn.session import DAOptions  # noqa: E402
 from declattn.vllm import build_request, link  # noqa: E402
 from declattn.vllm.compact import compacted_length  # noqa: E402
 from declattn.vllm.offline import make_llm, output_record  # noqa: E402
+from declattn.vllm.xargs import StreamingSpec  # noqa: E402
 
 BLOCK = 32
 MAX_TOKENS = 32
 OPTIONS = DAOptions(target=128, cap=192, constrain=True, runaway=False)
+FIND_CHUNK = 3
+STREAM_BUDGET = 6  # blocks per step for the StreamingLLM request (its prompt has 15)
 QUESTION = "What is the essay about?"
 OTHER_QUESTION = "Who is the keeper of the lighthouse?"
 FORCED_PREFIX = '<focus magic_chunks="3">\nThe'
 ESSAY = Path(__file__).resolve().parents[2] / "src" / "declattn" / "data" / "sample_essay.txt"
 
 
-class Forced:
-    """Our engine's controller for a teacher-forced DA request: the session, plus the
-    same forcing the plugin applies (forced tokens win over the focus constraint)."""
-
-    def __init__(self, session: Any, force: list[int]) -> None:
-        self.session = session
-        self.force = force
-
-    def view(self, length: int) -> Any:
-        return self.session.view(length)
-
-    def on_token(self, token_id: int, text: str) -> str | None:
-        return self.session.on_token(token_id, text)
-
-    def process_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        logits = self.session.process_logits(logits)
-        k = self.session.n_tokens
-        if k < len(self.force):
-            out = torch.full_like(logits, float("-inf"))
-            out[self.force[k]] = 0.0
-            return out
-        return logits
-
-
 def _engine_run(engine: Engine, context: str, force: list[int]) -> tuple[list[int], Any, Any]:
+    """Our engine's DA run, teacher-forced the way the plugin forces (forced tokens win
+    over the focus constraint)."""
     sess = engine.session(context, QUESTION, options=OPTIONS, max_tokens=MAX_TOKENS)
-    seq = engine.core.add(sess.prompt_ids, EngineParams(max_tokens=MAX_TOKENS), Forced(sess, force))
-    for _ in engine.core.run(seq):
+    req = engine.add(Forced(sess, force), EngineParams(max_tokens=MAX_TOKENS))
+    for _ in engine.run(req):
         pass
-    return list(seq.output_ids), sess, seq
+    return list(req.output_ids), sess, req
 
 
 @pytest.fixture(scope="module")
@@ -87,17 +71,25 @@ def engine() -> Engine:
 
 @pytest.fixture(scope="module")
 def context() -> str:
-    return ESSAY.read_text(encoding="utf-8")[:3000]
+    return ESSAY.read_text(encoding="utf-8")[:2000]
 
 
 @pytest.fixture(scope="module")
 def batch(engine: Engine, context: str) -> dict[str, dict[str, Any]]:
-    """The mixed batch, by name: two DA requests (teacher-forced, free) and two plain
-    ones (the vanilla prompt, and the DA prompt without DA args)."""
+    """The mixed batch, by name: three DA requests (teacher-forced into a focus by id,
+    teacher-forced into a find focus, free), a StreamingLLM one over the vanilla prompt,
+    and two plain ones (the vanilla prompt, and the DA prompt without DA args)."""
     tok = engine.tokenizer
     force = tok.encode(FORCED_PREFIX, add_special_tokens=False)
     forced = build_request(context, QUESTION, tok, OPTIONS, force=force, label="forced")
     free = build_request(context, QUESTION, tok, OPTIONS, label="free")
+    # the find request reads the same prompt (the reader takes either focus form), so the
+    # prefix cache gives it that prompt's prefill
+    phrase = naming_phrase([c.text for c in forced.chunks], FIND_CHUNK)
+    find_force = tok.encode(f'<focus find="{phrase}">\nThe', add_special_tokens=False)
+    find = build_request(context, QUESTION, tok, OPTIONS, force=find_force, label="find")
+    plain = render_plain(tok, context, OTHER_QUESTION)
+    stream = StreamingSpec(len(plain), STREAM_BUDGET, OPTIONS.sink, label="stream")
     # Every request runs exactly MAX_TOKENS steps, with or without the plugin, so both
     # runs see the same batch shapes at every step (a batch of another shape may round
     # a float differently, which is not what "untouched" is about).
@@ -105,11 +97,15 @@ def batch(engine: Engine, context: str) -> dict[str, dict[str, Any]]:
     return {
         "forced": {"prompt_token_ids": forced.prompt_token_ids,
                    "params": {**base, "extra_args": forced.extra_args}, "force": force},
-        "plain": {"prompt_token_ids": render_plain(tok, context, OTHER_QUESTION),
-                  "params": dict(base)},
+        "plain": {"prompt_token_ids": plain, "params": dict(base)},
+        "stream": {"prompt_token_ids": plain,
+                   "params": {**base, "extra_args": stream.to_args()}},
         "free": {"prompt_token_ids": free.prompt_token_ids,
                  "params": {**base, "extra_args": free.extra_args}},
         "free_as_plain": {"prompt_token_ids": free.prompt_token_ids, "params": dict(base)},
+        "find": {"prompt_token_ids": find.prompt_token_ids,
+                 "params": {**base, "extra_args": find.extra_args}, "force": find_force,
+                 "phrase": phrase},
     }
 
 
@@ -119,8 +115,8 @@ def unplugged(engine: Engine, batch: dict, tmp_path_factory: pytest.TempPathFact
     tmp = tmp_path_factory.mktemp("unplugged")
     spec = {
         "model": str(engine.loaded.weights_dir),
-        "llm": {"block_size": BLOCK},
-        "requests": [{k: v for k, v in r.items() if k != "force"} for r in batch.values()],
+        "llm": {"block_size": BLOCK, "enable_prefix_caching": True},
+        "requests": [{k: r[k] for k in ("prompt_token_ids", "params")} for r in batch.values()],
     }
     (tmp / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "VLLM_PLUGINS": ""}
@@ -195,17 +191,24 @@ def _tail(log: Any) -> str:
 
 
 @pytest.fixture(scope="module")
-def plugged(engine: Engine, batch: dict, unplugged, served) -> dict[str, Any]:
+def llm(engine: Engine, unplugged, served) -> Any:
+    """The in-process vLLM engine with the plugin (started after the child processes)."""
+    return make_llm(engine.loaded.weights_dir, block_size=BLOCK, enable_prefix_caching=True)
+
+
+@pytest.fixture(scope="module")
+def plugged(batch: dict, llm: Any) -> dict[str, Any]:
     """The batch through vLLM with the plugin, in one ``generate`` call."""
     from vllm import SamplingParams
 
-    llm = make_llm(engine.loaded.weights_dir, block_size=BLOCK)
     prompts = [{"prompt_token_ids": r["prompt_token_ids"]} for r in batch.values()]
     params = [SamplingParams(**r["params"]) for r in batch.values()]
     outs = llm.generate(prompts, params, use_tqdm=False)
     (processor,) = [p for p in link.processors() if p.enabled]
     result: dict[str, Any] = dict(zip(batch, map(output_record, outs), strict=True))
-    result["reads"] = {name: processor.reads(name) for name in ("forced", "free")}
+    tracked = ("forced", "free", "find", "stream")
+    result["reads"] = {name: processor.reads(name) for name in tracked}
+    result["reports"] = {name: processor.report(name) for name in tracked}
     return result
 
 
@@ -220,12 +223,79 @@ def test_teacher_forced_da_output_equals_our_engine(engine, context, batch, plug
     assert focus and all(len(r.physical) < -(-r.length // BLOCK) for r in focus)
     views = list(sess.expected_views)
     assert [r.logical for r in reads[: len(views)]] == views
+    report = plugged["reports"]["forced"]  # the per-request field: reads really restricted
+    assert report.reads_restricted is True and report.blockers == ()
+    assert report.restricted_steps == report.decode_steps == len(plugged["forced"]["token_ids"]) - 1
 
 
 def test_free_da_output_equals_our_engine(engine, context, plugged) -> None:
+    # (right after the forced run: our engine's prefix cache still holds the prompt)
     ids, _, _ = _engine_run(engine, context, [])
     assert len(ids) > 8
     assert plugged["free"]["token_ids"][: len(ids)] == ids
+
+
+def test_teacher_forced_find_focus_reads_the_chunk_its_phrase_names(engine, context, batch,
+                                                                    plugged) -> None:
+    """``<focus find="...">`` through vLLM: the engine core rebuilt the chunk texts from
+    the prompt's chunk spans, resolved the phrase to the chunk our engine resolves it to,
+    and from the step after the tag on, every step read that chunk's blocks only (the
+    scaffold, the question and the response aside); the output equals our engine's token
+    for token. (The prompt is the ids one, whose prefill the batch shares: the reader
+    takes either focus form; the find instruction's prompt is the eval test's.)"""
+    entry = batch["find"]
+    ids, sess, _ = _engine_run(engine, context, entry["force"])
+    focus = next(d for d in sess.declarations if d.kind == "focus")  # the forced one
+    assert (focus.phrase, focus.focus_ids, focus.match) == (entry["phrase"], (FIND_CHUNK,),
+                                                            "exact")
+    assert plugged["find"]["token_ids"][: len(ids)] == ids
+    assert len(ids) > len(entry["force"]) + 8
+    layout = build_request_layout(entry)
+    reads = plugged["reads"]["find"]
+    assert [r.step for r in reads] == list(range(1, len(plugged["find"]["token_ids"])))
+    # from the step after the tag closes, until the model changes mode (its own next tag)
+    tag = engine.tokenizer.encode(f'<focus find="{entry["phrase"]}">', add_special_tokens=False)
+    assert {r.mode for r in reads[: len(tag) - 1]} == {Mode.GLOBAL}
+    focused = []
+    for r in reads[len(tag) - 1 :]:
+        if (r.mode, r.focus_ids) != (Mode.FOCUS, (FIND_CHUNK,)):
+            break
+        focused.append(r)
+    assert focused[0].step == len(tag) and len(focused) >= 8
+    for r in focused:
+        want = tuple(Scope(layout, Mode.FOCUS, (FIND_CHUNK,)).kept_blocks(r.length, BLOCK))
+        assert r.focus_ids == (FIND_CHUNK,) and r.kept == r.logical == want
+        assert len(r.physical) == len(want) < -(-r.length // BLOCK)
+    views = list(sess.expected_views)
+    assert [r.logical for r in reads[: len(views)]] == views
+    assert plugged["reports"]["find"].reads_restricted is True
+
+
+def test_streaming_request_reads_its_budget_and_equals_our_engines_streaming_arm(
+        engine, batch, plugged) -> None:
+    """The StreamingLLM baseline as a block table: every decode step was handed exactly
+    the sink's block and the most recent ones, ``STREAM_BUDGET`` in all, and the greedy
+    output is our engine's ``StreamingSession`` output at that budget."""
+    from declattn.eval.baselines import StreamingSession, streaming_view
+
+    ids = batch["stream"]["prompt_token_ids"]
+    sess = StreamingSession(ids, BLOCK, STREAM_BUDGET, OPTIONS.sink)
+    req = engine.add(sess, EngineParams(max_tokens=MAX_TOKENS))
+    for _ in engine.run(req):
+        pass
+    out = plugged["stream"]["token_ids"]
+    assert out[: len(req.output_ids)] == list(req.output_ids) and len(req.output_ids) > 8
+    # the same prompt read in full: the same greedy words, maybe, never the same logprobs
+    assert plugged["stream"]["logprobs"] != plugged["plain"]["logprobs"]
+    reads = plugged["reads"]["stream"]
+    assert [r.step for r in reads] == list(range(1, len(out)))
+    for r in reads:
+        want = tuple(streaming_view(-(-r.length // BLOCK), STREAM_BUDGET, 1))
+        assert r.mode == "streaming" and r.kept == r.logical == want
+        assert len(set(r.physical)) == len(r.physical) == STREAM_BUDGET
+        assert r.seq_len == compacted_length(r.length, STREAM_BUDGET, BLOCK)
+    assert [r.logical for r in reads[: len(sess.expected_views)]] == sess.expected_views
+    assert plugged["reports"]["stream"].reads_restricted is True
 
 
 def test_blocks_handed_to_the_kernel_are_the_scopes_kept_blocks(engine, batch, plugged) -> None:
@@ -287,3 +357,77 @@ def test_vllm_server_with_the_entry_points_runs_da(batch, plugged, served) -> No
     choice = reply["choices"][0]
     assert choice["token_ids"] == plugged["forced"]["token_ids"]
     assert choice["text"] == plugged["forced"]["text"]
+
+
+STEP_COUNTS = ("mode", "focus_ids", "length", "logical", "physical", "vanilla_logical",
+               "vanilla_physical")
+MEASURED = ("blocks_read", "global_bytes")  # what the kernel was handed: masked rows only
+MASKED = ("da-find", "streaming")
+
+
+def test_eval_backend_rows_match_the_engine_backends_accounting(engine, llm, tmp_path) -> None:
+    """``declattn eval --backend vllm`` against the engine backend on one small sample, at
+    the same block size (nothing to round): the same rows, and where the transcripts
+    agree (both greedy, fp32) the same steps and totals; at every step of the DA arm and
+    of StreamingLLM, the blocks and KV bytes handed to vLLM's kernel are those our
+    engine's attention read, and StreamingLLM's are its budget, taken from the DA row.
+    The DA arm is ``da-find`` (the budget arm here): the same path as ``da`` but for the
+    focus form, whose ids arm the forced and free tests above hold. (Our engine may stop
+    a DA response earlier: its runaway guard, which vLLM lacks.)"""
+    from declattn.eval.arms import ArmSettings
+    from declattn.eval.rows import steps_of
+    from declattn.eval.runner import EvalSpec, run_eval
+    from declattn.vllm.eval_backend import run_eval_vllm
+    from declattn.vllm.offline import ServedModel
+
+    spec = EvalSpec(model="smollm2-135m", tasks=["vt"], lengths=[400],
+                    arms=["da-find", "vanilla", "streaming"], samples=1,
+                    settings=ArmSettings(max_tokens=16, chunk_target=160, chunk_cap=224,
+                                         budget_arm="da-find"))
+    ours = run_eval(engine, spec, tmp_path / "engine.jsonl", machine={})
+    served = ServedModel(engine.loaded.weights_dir, engine.tokenizer)
+    theirs = run_eval_vllm(spec, tmp_path / "vllm.jsonl", machine={}, llm=llm,
+                           settings={"block_size": BLOCK}, served=served)
+    assert [r["key"] for r in theirs] == [r["key"] for r in ours]
+    for a, b in zip(ours, theirs, strict=True):
+        assert "error" not in a and "error" not in b
+        for field in ("prompt_tokens", "block_size", "chunks", "evidence_chunks", "header"):
+            assert a[field] == b[field], field
+        sa, sb = steps_of(a), steps_of(b)
+        n = min(len(sa), len(sb))
+        assert n >= 8
+        same_text = a["output"]["text"] == b["output"]["text"]
+        common = [*STEP_COUNTS, *(MEASURED if b["arm"] in MASKED else ())]
+        for x, y in zip(sa[:n], sb[:n], strict=True):
+            assert {k: x[k] for k in common} == {k: y[k] for k in common}
+        if same_text:
+            assert a["totals"] == b["totals"] and a["by_mode"] == b["by_mode"]
+        assert b["backend"] == "vllm"
+    rows = {r["arm"]: r for r in theirs}
+    for arm in MASKED:
+        assert rows[arm]["vllm"]["reads_restricted"] is True, arm
+        assert all(st["blocks_read"] == st["physical"] // BLOCK for st in steps_of(rows[arm]))
+    # StreamingLLM at the DA row's budget, as the engine backend takes it. A DA row that
+    # stayed global (SmolLM2's, here) gives a budget that covers the shorter plain prompt:
+    # then every block is read (a budget below the sequence: the streaming test above).
+    stream, engine_stream = rows["streaming"], next(r for r in ours if r["arm"] == "streaming")
+    budget = stream["budget_blocks"]
+    assert budget == engine_stream["budget_blocks"]
+    assert stream["budget_da_mean_blocks"] == engine_stream["budget_da_mean_blocks"]
+    assert all(st["blocks_read"] == min(budget, -(-st["length"] // BLOCK))
+               for st in steps_of(stream))
+
+
+def test_doctor_reports_the_cpu_build_as_it_is(llm, plugged) -> None:
+    """What ``declattn doctor`` prints, asked of this engine's worker: runner V1, the CPU
+    backend, no blocker, and the forced request's steps really restricted."""
+    from declattn.vllm.doctor import DoctorReport, GroupLine, WorkerReport, inspect_worker
+
+    (info,) = llm.collective_rpc(inspect_worker, args=("forced",))
+    worker = WorkerReport(groups=[GroupLine(**g) for g in info.pop("groups")], **info)
+    assert worker.runner == "v1" and worker.processor and worker.blockers == []
+    (group,) = worker.groups
+    assert (group.backend, group.ok, group.block_size) == ("CPU_ATTN", True, BLOCK)
+    assert 0 < group.probe_blocks_read < group.probe_blocks_full
+    assert worker.probe is not None and worker.probe["reads_restricted"] is True
+    assert DoctorReport("0.32.0", "smol", {}, [worker]).active

@@ -85,7 +85,7 @@ def test_compaction_makes_a_paged_read_return_exactly_the_kept_blocks() -> None:
     kept = {0: [0, 2, 3, 6]}  # newest position 26 sits in block 6
     out = compact_rows(table, seq_lens, {0: 27}, kept, bs)
     assert torch.equal(table, before[0]) and torch.equal(seq_lens, before[1])  # not written
-    assert out.physical[0] == (7, 9, 1, 2)
+    assert out.physical_of(0).tolist() == [7, 9, 1, 2]
     assert out.lengths[0] == int(out.seq_lens[0]) == 3 * bs + 3 == compacted_length(27, 4, bs)
     got = _paged_read(kv, out.block_table[0], int(out.seq_lens[0]), bs)
     full = _paged_read(kv, table[0], 27, bs)
@@ -93,6 +93,23 @@ def test_compaction_makes_a_paged_read_return_exactly_the_kept_blocks() -> None:
     assert torch.equal(got, want)
     # the other row is untouched
     assert torch.equal(out.block_table[1], table[1]) and int(out.seq_lens[1]) == 30
+
+
+def test_compaction_of_several_rows_is_one_gather_that_never_reads_the_device_back() -> None:
+    """On the ``meta`` device every read-back (``.cpu()``, ``.item()``, ``.tolist()``)
+    raises, so compaction finishing there proves it runs without a host sync."""
+    bs = 4
+    table = torch.arange(3 * 8, dtype=torch.int32).reshape(3, 8)
+    lens = torch.tensor([27, 30, 9], dtype=torch.int32)
+    kept = {0: [0, 2, 6], 2: [0, 2]}
+    lengths = {0: 27, 2: 9}
+    host = compact_rows(table, lens, lengths, kept, bs)
+    meta = compact_rows(table.to("meta"), lens.to("meta"), lengths, kept, bs)
+    assert meta.block_table.device.type == "meta" and meta.lengths == host.lengths
+    assert host.physical_of(0).tolist() == [0, 2, 6] and host.physical_of(2).tolist() == [16, 18]
+    assert host.block_table[0].tolist() == [0, 2, 6, 0, 0, 0, 0, 0]
+    assert host.block_table[1].tolist() == table[1].tolist()
+    assert host.seq_lens.tolist() == [2 * bs + 3, 30, bs + 1]
 
 
 def test_compaction_refuses_a_view_without_the_newest_block() -> None:
@@ -174,6 +191,24 @@ def test_dana_requests_are_tracked_but_never_skip(smol_tokenizer) -> None:
     req = build_request(CONTEXT, QUESTION, smol_tokenizer, opts)
     tracker = RequestTracker(req.spec, [1, 2], smol_tokenizer)
     assert tracker.kept_blocks(req.layout.prompt_len + 2, 32) is None
+
+
+@pytest.mark.parametrize(
+    ("window", "is_global"),
+    [
+        (None, True),  # the model layer, FlexAttention
+        (-1, True),  # CPU_ATTN
+        ((-1, -1), True),  # FlashAttention, Triton, FlashInfer, ROCm
+        ([-1, -1], True),
+        ((511, 0), False),  # a causal 512-token window, FlashAttention's way
+        ((511, 511), False),
+        (512, False),
+    ],
+)
+def test_every_backends_no_window_convention_counts_as_global(window, is_global) -> None:
+    from declattn.vllm.support import window_is_global
+
+    assert window_is_global(window) is is_global
 
 
 def test_an_engine_that_is_gone_leaves_no_processor_behind() -> None:

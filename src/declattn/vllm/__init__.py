@@ -2,11 +2,17 @@
 
 - ``build_request(context, question, tokenizer)``: the DA prompt (token ids) and the flat
   per-request args our engine core side reads (``xargs.py``);
-- ``DALogitsProcessor`` (``processor.py``): follows each DA request's output in vLLM's
-  engine core, feeds the tag reader, keeps the scope; teacher forcing and the focus-id
-  constraint;
+- ``DALogitsProcessor`` (``processor.py``): the class vLLM loads for either model runner
+  (``processor_v1.py``, ``processor_v2.py``); follows each DA request's output in the
+  engine core, feeds the tag reader (a find focus resolved against the chunk texts it
+  decodes from the prompt's chunk spans), keeps the scope (``state.py``, ``tracker.py``);
+  teacher forcing and the constraints (focus ids, find phrases); the StreamingLLM
+  baseline's requests too (``streaming.py``);
 - ``patch.py``: compacts DA decode rows of the block table in the attention metadata
-  builder, so the stock kernel reads only the kept blocks.
+  builder (``compact.py``), so the stock kernel reads only the kept blocks;
+- ``support.py``: where that really reaches the kernel, and what to change where not;
+- ``doctor.py`` (``declattn doctor``), ``eval_backend.py`` (``declattn eval --backend
+  vllm``), ``run.py`` (``declattn run --backend vllm``).
 
 Importing this package does not import vLLM; the processor and the patch do.
 """

@@ -13,8 +13,8 @@ from typing import Any
 
 from declattn.protocol.layout import Layout
 from declattn.protocol.prompt import RenderedPrompt, render_prompt
-from declattn.protocol.segment import Chunk, segment
-from declattn.session import DAOptions, token_counter
+from declattn.protocol.segment import Chunk, segment, token_counter
+from declattn.session import DAOptions, DASession
 from declattn.vllm.xargs import DASpec
 
 ANSWER_CLOSE = "</answer>"
@@ -76,6 +76,15 @@ class VllmDARequest:
         return body
 
 
+def session_request(sess: DASession, *, label: str | None = None) -> VllmDARequest:
+    """The vLLM request of a ``DASession`` already built (same prompt, same layout): the
+    eval backend keeps the session to count the response as our engine counts it."""
+    o = sess.options
+    spec = DASpec(layout=sess.layout, line_start=o.line_start, masking=o.masking,
+                  constrain=bool(o.constrain), label=label, focus=o.focus)
+    return VllmDARequest(rendered=sess.prompt, chunks=tuple(sess.chunks), spec=spec)
+
+
 def build_request(
     context: str,
     question: str,
@@ -87,8 +96,10 @@ def build_request(
 ) -> VllmDARequest:
     """The DA request our engine would run for ``(context, question)``.
 
-    ``options.constrain`` turns the focus-id constraint on in the engine core (``None``
-    counts as off here: the caller decides, as ``Engine.session`` does for small models).
+    ``options.constrain`` turns the constraint of ``options.focus`` on in the engine core
+    (the focus-id one, the find one, or both; ``None`` counts as off here: the caller
+    decides, as ``Engine.session`` does for small models); ``options.focus`` and
+    ``options.index`` choose the instruction as they do for our engine.
     ``force`` makes the response start with those tokens (teacher forcing, for replays
     and tests). ``label`` names the request in the engine core's read log.
     """
@@ -97,7 +108,8 @@ def build_request(
     o = options or DAOptions()
     chunks = segment(context, token_counter(tokenizer), o.target, o.cap)
     rendered = render_prompt(
-        tokenizer, chunks, question, sink=o.sink, style=o.style, instruction=o.instruction
+        tokenizer, chunks, question, sink=o.sink, style=o.style,
+        instruction=o.instruction_for(chunks, tokenizer),
     )
     spec = DASpec(
         layout=rendered.layout,
@@ -106,5 +118,6 @@ def build_request(
         constrain=bool(o.constrain),
         force=tuple(int(t) for t in force),
         label=label,
+        focus=o.focus,
     )
     return VllmDARequest(rendered=rendered, chunks=tuple(chunks), spec=spec)

@@ -12,8 +12,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from declattn.protocol.answer import answer_text
 from declattn.session import DAOptions, model_da_defaults
-from declattn.vllm.offline import DEFAULT_BLOCK_SIZE, make_llm, offline_env
+from declattn.vllm.offline import (
+    DEFAULT_BLOCK_SIZE,
+    ServedModel,
+    make_llm,
+    offline_env,
+    served_model,
+)
 from declattn.vllm.request import build_request
 from declattn.vllm.tracker import ReadRecord
 
@@ -29,21 +36,11 @@ class VllmAnswer:
     prompt_tokens: int
     reads: list[ReadRecord] = field(default_factory=list)
     block_size: int = DEFAULT_BLOCK_SIZE
+    report: dict[str, Any] | None = None  # the plugin's per-request report (DA arms)
 
     @property
     def answer(self) -> str | None:
-        from declattn.protocol.tags import TagReader
-
-        reader = TagReader(10_000)
-        reader.feed(self.text)
-        reader.finish()
-        opened = [d for d in reader.declarations if d.kind == "answer" and d.accepted]
-        if not opened:
-            return None
-        start = opened[0].end
-        closed = [d for d in reader.declarations if d.kind == "/answer" and d.start >= start]
-        end = closed[0].start if closed else len(self.text)
-        return self.text[start:end].strip()
+        return answer_text(self.text)
 
     def blocks(self) -> tuple[int, int]:
         """Blocks handed to the kernel, and what full reads would have been, summed."""
@@ -53,7 +50,7 @@ class VllmAnswer:
 
 
 def run_arms(
-    model: str,
+    model: str | ServedModel,
     context: str,
     question: str,
     arms: tuple[str, ...] = ("da",),
@@ -64,22 +61,18 @@ def run_arms(
     block_size: int = DEFAULT_BLOCK_SIZE,
     max_model_len: int | None = None,
 ) -> list[VllmAnswer]:
-    """Answer with each arm, all in one vLLM batch."""
+    """Answer with each arm, all in one vLLM batch. ``options``: the model's own DA
+    defaults when None (its ``declattn.json``); the constraint of its focus form on unless
+    ``options.constrain`` says otherwise."""
     offline_env()
-    import torch
-
-    from declattn.engine.loader import load_model
-    from declattn.engine.registry import resolve_model
     from declattn.protocol.prompt import render_plain
     from declattn.vllm import link
 
-    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
-    loaded = load_model(resolve_model(model), dtype=torch_dtype, device="cpu")
-    tok = loaded.tokenizer
-    base = options or model_da_defaults(loaded.weights_dir)
+    served = model if isinstance(model, ServedModel) else served_model(model)
+    tok = served.tokenizer
+    base = options or model_da_defaults(served.directory)
     if base.constrain is None:
         base = dataclasses.replace(base, constrain=True)
-    del loaded.model  # vLLM loads its own copy; ours was only needed for the directory
     prompts, params, labels = [], [], []
     longest = 0
     for arm in arms:
@@ -100,25 +93,27 @@ def run_arms(
         labels.append(f"cli-{arm}")
         longest = max(longest, len(ids))
     limit = max_model_len or max(4096, longest + max_tokens + block_size)
-    llm = make_llm(loaded.weights_dir, block_size=block_size, max_model_len=limit, dtype=dtype)
+    llm = make_llm(served.directory, block_size=block_size, max_model_len=limit, dtype=dtype)
     outs = llm.generate(prompts, params, use_tqdm=False)
     procs = [p for p in link.processors() if p.enabled]
     answers = []
     for arm, label, ids, out in zip(arms, labels, prompts, outs, strict=True):
         o = out.outputs[0]
         reads: list[ReadRecord] = []
-        if arm == "da" and procs:
+        report = None
+        if arm != "vanilla" and procs:
             reads = procs[-1].reads(label)
+            report = procs[-1].report(label).to_dict()
         answers.append(
             VllmAnswer(arm, o.text, list(o.token_ids), o.finish_reason,
-                       len(ids["prompt_token_ids"]), reads, block_size)
+                       len(ids["prompt_token_ids"]), reads, block_size, report)
         )
     return answers
 
 
 def run_cli(args: Any, context: str, question: str) -> int:
     """The ``--backend vllm`` branch of ``declattn run``."""
-    from declattn.cli.common import UserError, console
+    from declattn.cli.common import UserError, console, focus_options
 
     try:
         import vllm  # noqa: F401
@@ -135,8 +130,10 @@ def run_cli(args: Any, context: str, question: str) -> int:
     elif args.compare:
         arms = ("da", "vanilla")
     dtype = "bfloat16" if args.dtype == "bf16" else "float32"
-    opts = DAOptions(line_start=args.line_start, constrain=None)
-    answers = run_arms(args.model, context, question, arms, options=opts,
+    offline_env()
+    served = served_model(args.model)
+    base = dataclasses.replace(model_da_defaults(served.directory), line_start=args.line_start)
+    answers = run_arms(served, context, question, arms, options=focus_options(base, args),
                        max_tokens=args.max_tokens, dtype=dtype)
     if args.save:
         with open(args.save, "w", encoding="utf-8") as f:
@@ -154,6 +151,8 @@ def run_cli(args: Any, context: str, question: str) -> int:
             read, full = a.blocks()
             out.print(f"KV blocks handed to vLLM's kernel over {len(a.reads)} decode steps: "
                       f"{read:,} of {full:,} ({read / full:.2f}x)")
+        if a.report is not None and a.arm == "da" and not a.report["reads_restricted"]:
+            out.print(f"[bold red]reads were NOT restricted:[/] {a.report}", soft_wrap=True)
     return 0
 
 
@@ -169,5 +168,6 @@ def _summary(a: VllmAnswer) -> dict[str, Any]:
         "output_tokens": len(a.token_ids),
         "blocks_read": read,
         "blocks_full": full,
-        "reads": [dataclasses.asdict(r) for r in a.reads],
+        "reads": [r.to_dict() for r in a.reads],
+        "report": a.report,
     }

@@ -1,15 +1,28 @@
-"""One DA request inside vLLM's engine core: its output tokens, tag reader and scope.
+"""One tracked request inside vLLM's engine core: what each decode step may read.
 
-vLLM hands the logits processor a reference to each request's live list of output
-token ids. The tracker reads new tokens from it lazily (whoever asks first at a step,
-the attention metadata builder or the logits processor, brings it up to date), turns
-them into text with the same incremental detokenizer as our engine, and feeds the tag
-reader. So at the step that produces output token ``k`` the scope is the reader's state
-after tokens ``0..k-1``: the one-step lag of our engine (see ``declattn.replay``).
+``Tracker`` is what the builder wrapper (``patch.py``) and the processors ask of any
+request the plugin follows: its kept blocks per decode step, the log of what the kernel
+was handed, the steps that read everything and why, and its logits edits.
+``RequestTracker`` is a DA request; the StreamingLLM baseline is ``streaming.py``.
+
+A DA request's tracker reads new tokens from the output list lazily (whoever asks first
+at a step, the attention metadata builder or the logits processor, brings it up to
+date), turns them into text with the same incremental detokenizer as our engine, and
+feeds the tag reader. So at the step that produces output token ``k`` the scope is the
+reader's state after tokens ``0..k-1``: the one-step lag of our engine (see
+``declattn.replay``).
+
+A find focus (``<focus find="WORDS">``) is resolved against the chunk texts, which the
+engine core rebuilds by decoding the prompt's chunk spans (exactly the chunk texts: the
+renderer checks that every span decodes to its text). The reader, the phrase finder and
+the constraints are built on the first token, once the runner has handed over the
+prompt's chunk tokens (V1 at admission; V2 copies them from its device buffer with the
+first step's tokens), so admitting a request costs nothing.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,9 +30,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from declattn.constrain import FocusConstraint, FocusVocab
+from declattn.constrain import FocusConstraint, FocusVocab, LogitsConstraint
+from declattn.constrain_find import FindConstraint, FindVocab
 from declattn.engine.detok import Detokenizer
+from declattn.protocol.find import PhraseFinder
+from declattn.protocol.layout import Layout
 from declattn.protocol.tags import TagReader
+from declattn.protocol.template import decode
 from declattn.scope import Scope
 from declattn.vllm.xargs import DASpec
 
@@ -28,10 +45,16 @@ from declattn.vllm.xargs import DASpec
 class ReadRecord:
     """What the patched builder handed the kernel for one decode step of one request.
 
-    ``length``: positions the step sees (``prompt_len + k``); ``kept``: the scope's kept
-    logical blocks; ``logical``: the logical blocks actually placed in the compacted
+    ``length``: positions the step sees (``prompt_len + k``); ``mode``: the scope's mode
+    (``streaming`` for the baseline); ``kept``: the logical blocks the request's scope (or
+    the baseline's policy) keeps; ``logical``: the logical blocks actually placed in the compacted
     block-table row (equal to ``kept`` unless something is wrong); ``physical``: the KV
-    block ids in that row; ``seq_len``: the sequence length handed to the kernel.
+    block ids in that row; ``seq_len``: the sequence length handed to the kernel;
+    ``group``: the KV-cache group (its builder); ``token_bytes``: KV bytes one position
+    holds over all layers of that group (the kernel reads ``seq_len`` positions).
+
+    The block ids stay on the device (``physical_ids``) until ``physical`` is read, so
+    recording a step costs no device-to-host copy.
     """
 
     step: int
@@ -40,31 +63,149 @@ class ReadRecord:
     focus_ids: tuple[int, ...]
     kept: tuple[int, ...]
     logical: tuple[int, ...]
-    physical: tuple[int, ...]
+    physical_ids: Tensor = field(repr=False)
     seq_len: int
     group: int
+    token_bytes: int = 0
+
+    @property
+    def physical(self) -> tuple[int, ...]:
+        return tuple(int(x) for x in self.physical_ids.tolist())
+
+    @property
+    def bytes_read(self) -> int:
+        return self.seq_len * self.token_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step, "length": self.length, "mode": self.mode,
+            "focus_ids": list(self.focus_ids), "kept": list(self.kept),
+            "logical": list(self.logical), "physical": list(self.physical),
+            "seq_len": self.seq_len, "group": self.group, "token_bytes": self.token_bytes,
+        }
 
 
-@dataclass
-class RequestTracker:
-    """A DA request's protocol state, kept in step with vLLM's output list."""
+class Tracker(ABC):
+    """A request the plugin follows, whichever runner and whatever it reads.
 
-    spec: DASpec
-    output_ids: Sequence[int]
-    tokenizer: Any
-    vocab: FocusVocab | None = None
-    reader: TagReader = field(init=False)
-    detok: Detokenizer = field(init=False)
-    constraint: FocusConstraint | None = field(init=False, default=None)
-    fed: int = field(init=False, default=0)
-    text: str = field(init=False, default="")
-    reads: list[ReadRecord] = field(init=False, default_factory=list)
+    ``label`` names it in the read log (a request without one keeps no log);
+    ``masking``: whether its steps are meant to read less than everything (DA-nm's are
+    not); ``follows_output``: whether its kept blocks depend on its output tokens (the
+    V2 processor copies those to the host only then)."""
 
-    def __post_init__(self) -> None:
-        self.reader = TagReader(self.spec.layout.n_chunks, line_start=self.spec.line_start)
-        self.detok = Detokenizer(self.tokenizer)
-        if self.spec.constrain and self.vocab is not None:
-            self.constraint = FocusConstraint(self.vocab, self.spec.layout.n_chunks)
+    follows_output = True
+
+    def __init__(self, label: str | None, masking: bool, prompt_len: int) -> None:
+        self.label = label
+        self.masking = masking
+        self.prompt_len = prompt_len
+        self.reads: list[ReadRecord] = []
+        self.noted: dict[int, str] = {}
+
+    @abstractmethod
+    def kept_blocks(self, length: int, block_size: int) -> tuple[int, ...] | None:
+        """The logical blocks the decode step that sees ``length`` positions may read;
+        None when it reads everything."""
+
+    @abstractmethod
+    def _describe(self, length: int, block_size: int) -> tuple[str, tuple[int, ...],
+                                                                tuple[int, ...]]:
+        """``(mode, focus ids, kept blocks)`` of the step, for its read record."""
+
+    @property
+    def edits_logits(self) -> bool:
+        return False
+
+    def process_logits(self, row: Tensor) -> Tensor:
+        return row
+
+    def record(self, length: int, blocks: tuple[int, ...], physical_ids: Tensor, seq_len: int,
+               group: int, token_bytes: int, block_size: int) -> None:
+        """Log what the builder handed the kernel for the step that sees ``length``
+        positions. Only labelled requests keep a log: a served request keeps nothing."""
+        if self.label is None:
+            return
+        mode, focus_ids, kept = self._describe(length, block_size)
+        self.reads.append(ReadRecord(
+            step=self.step_of(length), length=length, mode=mode, focus_ids=focus_ids,
+            kept=kept, logical=blocks, physical_ids=physical_ids, seq_len=seq_len,
+            group=group, token_bytes=token_bytes,
+        ))
+
+    def step_of(self, length: int) -> int:
+        """The output token a decode step that sees ``length`` positions produces."""
+        return length - self.prompt_len
+
+    def note(self, length: int, reason: str) -> None:
+        """The decode step that sees ``length`` positions was handed every block, and
+        why (the first reason a KV-cache group gives for that step is kept)."""
+        self.noted.setdefault(self.step_of(length), reason)
+
+
+def chunk_ids_of(prompt_ids: Sequence[int] | None, layout: Layout) -> list[list[int]] | None:
+    """The token ids of each chunk span of ``prompt_ids``; None when the prompt is not
+    there or not the one the layout describes."""
+    if prompt_ids is None or len(prompt_ids) != layout.prompt_len:
+        return None
+    return [[int(t) for t in prompt_ids[s.start : s.end]] for s in layout.chunks]
+
+
+class RequestTracker(Tracker):
+    """A DA request's protocol state, kept in step with vLLM's output list.
+
+    ``vocab`` / ``find_vocab``: the served tokenizer's constraint tables, where the spec
+    turns that constraint on. ``chunk_ids``: the prompt's chunk spans, to rebuild the
+    chunk texts find phrases are looked up in; a runner that hands them over later sets
+    them before the first token (``give_chunks``). Without them, every find is declined
+    (``find, but the reader has no chunk texts``), as a reader without texts does."""
+
+    def __init__(self, spec: DASpec, output_ids: Sequence[int], tokenizer: Any,
+                 vocab: FocusVocab | None = None, find_vocab: FindVocab | None = None,
+                 chunk_ids: Sequence[Sequence[int]] | None = None) -> None:
+        super().__init__(spec.label, spec.masking, spec.layout.prompt_len)
+        self.spec = spec
+        self.output_ids = output_ids
+        self.tokenizer = tokenizer
+        self.vocab = vocab
+        self.find_vocab = find_vocab
+        self.chunk_ids = chunk_ids
+        self.detok = Detokenizer(tokenizer)
+        self.fed = 0
+        self.text = ""
+        self.finder: PhraseFinder | None = None
+        self.constraints: list[LogitsConstraint] = []
+        self._reader: TagReader | None = None
+
+    @property
+    def wants_chunks(self) -> bool:
+        """Whether the runner should still hand over the prompt's chunk tokens."""
+        return self._reader is None and self.chunk_ids is None
+
+    def give_chunks(self, chunk_ids: Sequence[Sequence[int]]) -> None:
+        if self._reader is not None:
+            raise RuntimeError("the chunk tokens came after the request's first token")
+        if len(chunk_ids) != self.spec.layout.n_chunks:
+            raise ValueError(f"{len(chunk_ids)} chunk spans for {self.spec.layout.n_chunks}")
+        self.chunk_ids = chunk_ids
+
+    @property
+    def reader(self) -> TagReader:
+        """The tag reader, built (with the phrase finder and the constraints) on first use,
+        as ``DASession`` builds them for our engine."""
+        if self._reader is None:
+            n = self.spec.layout.n_chunks
+            if self.chunk_ids is not None:
+                self.finder = PhraseFinder([decode(self.tokenizer, list(ids))
+                                            for ids in self.chunk_ids])
+            self._reader = TagReader(n, line_start=self.spec.line_start, finder=self.finder)
+            ids_on, find_on = self.spec.constraints()
+            if ids_on and self.vocab is not None:
+                self.constraints.append(FocusConstraint(self.vocab, n))
+            if find_on and self.find_vocab is not None and self.finder is not None:
+                find = FindConstraint(self.find_vocab, self.finder)
+                find.prepare()
+                self.constraints.append(find)
+        return self._reader
 
     @property
     def n_out(self) -> int:
@@ -77,11 +218,12 @@ class RequestTracker:
 
     def sync(self) -> None:
         """Feed the tag reader every output token it has not seen."""
+        reader = self.reader
         n = self.n_out
         while self.fed < n:
             text = self.detok.add(int(self.output_ids[self.fed]))
             self.text += text
-            self.reader.feed(text)
+            reader.feed(text)
             self.fed += 1
 
     def scope(self) -> Scope:
@@ -89,22 +231,30 @@ class RequestTracker:
         return Scope(self.spec.layout, self.reader.mode, self.reader.focus_ids)
 
     def kept_blocks(self, length: int, block_size: int) -> tuple[int, ...] | None:
-        """The logical blocks the decode step that sees ``length`` positions may read;
-        None when nothing is skipped (DA-nm, or a length that is not this request's)."""
+        """None also for DA-nm, and for a length that is not this request's next step."""
         if not self.spec.masking:
             return None
         if length != self.spec.layout.prompt_len + self.n_out:
             return None  # not the step we track (a recompute, a draft): read everything
         return tuple(self.scope().kept_blocks(length, block_size))
 
+    def _describe(self, length: int, block_size: int) -> tuple[str, tuple[int, ...],
+                                                                tuple[int, ...]]:
+        scope = self.scope()
+        return str(scope.mode), scope.focus_ids, tuple(scope.kept_blocks(length, block_size))
+
+    @property
+    def edits_logits(self) -> bool:
+        return bool(self.spec.force) or any(self.spec.constraints())
+
     def process_logits(self, row: Tensor) -> Tensor:
-        """Forced tokens first (teacher forcing), else the focus-id constraint."""
+        """Forced tokens first (teacher forcing), else the spec's constraints."""
         self.sync()
         k = self.n_out
         if k < len(self.spec.force):
             out = torch.full_like(row, float("-inf"))
             out[self.spec.force[k]] = 0.0
             return out
-        if self.constraint is not None:
-            return self.constraint.apply(row, self.reader.pending, k)
+        for constraint in self.constraints:
+            row = constraint.apply(row, self.reader.pending, k)
         return row
