@@ -1,20 +1,36 @@
-"""Synthetic run records for the show tests: no model, real replay and scope arithmetic.
+"""Run records for the show tests.
 
-The steps come from ``declattn.replay`` and the blocks read from ``Scope``, so the
-records have the shape and the one-step lag a live run writes, with text chosen to
-exercise every mode, a decline, and HTML that must be escaped.
+``record``: synthetic, no model, real replay and scope arithmetic. The steps come from
+``declattn.replay`` and the blocks read from ``Scope``, so the record has the shape and
+the one-step lag a live run writes, with text chosen to exercise every mode, a decline,
+and HTML that must be escaped; it has no ``focus`` list, as records written before focus
+diagnostics.
+
+``find_record``: a real DA session (``focus="find"``) on a tiny random model with the
+real SmolLM2 tokenizer, a transcript forced through it and the record written by
+``build_record``: the reader resolved each ``find`` phrase against the chunk texts and
+the attention read what the scope kept, exactly as in ``declattn run --save``.
 """
 
 from __future__ import annotations
 
+import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
+from declattn.api import Engine
+from declattn.bench.e2e import kv_heavy_config, random_model
+from declattn.engine.controller import Forced
+from declattn.engine.loader import LoadedModel
+from declattn.engine.sampler import SamplingParams
 from declattn.protocol.layout import Layout, Span
-from declattn.record import block_ranges
 from declattn.replay import replay
 from declattn.scope import Scope
+from declattn.session import DAOptions
+from declattn.show.record import block_ranges, build_record
 
 BLOCK = 16
 
@@ -118,3 +134,59 @@ SMALL_LAYOUT = Layout(
 @pytest.fixture
 def record() -> dict[str, Any]:
     return make_record(SMALL_LAYOUT, CHUNK_TEXTS, TOKEN_TEXTS)
+
+
+FIND_CONTEXT = "\n\n".join(
+    (
+        "The lighthouse on Gull Point was built in 1871 by the harbour board, of granite "
+        "quarried on the island, and its lamp burned whale oil until the 1890s when "
+        "paraffin came.",
+        "Mary Hale kept the light from 1903 to 1931. She logged every ship, mended the lens "
+        "after the storm of 1916 and trained her nephew to take the watch when she grew old.",
+        "The herring catch collapsed in the 1920s. Boats left the harbour for the southern "
+        "grounds, the curing sheds closed, and the board sold the quay to a shipping company.",
+        "In 1958 the light was automated. A diesel generator replaced the keeper's cottage "
+        "stove, and the last visitors' book, kept since 1880, went to the county museum.",
+    )
+)
+FIND_QUESTION = "Who kept the light after 1903?"
+FIND_EVIDENCE = (2,)  # the chunk that names the keeper
+# an exact find on the evidence, a window find elsewhere, a find that matches nothing
+FIND_TRANSCRIPT = (
+    '<focus find="Mary Hale">Mary Hale kept the light.</focus>\n'
+    '<focus find="board harbour">the board</focus>\n'
+    '<focus find="submarine base">none</focus>\n'
+    "<answer>Mary Hale</answer>"
+)
+
+
+@pytest.fixture(scope="session")
+def find_engine(smol_tokenizer) -> Engine:
+    config = kv_heavy_config(len(smol_tokenizer), 8192, layers=1, kv_heads=1, head_dim=16)
+    model = random_model(config, torch.float32)
+    return Engine(LoadedModel(model, config, smol_tokenizer, Path(".")), kv_tokens=8192)
+
+
+def forced_record(engine: Engine, transcript: str, evidence: tuple[int, ...]) -> dict[str, Any]:
+    """The run record of ``transcript`` forced through a ``focus="find"`` DA session."""
+    options = DAOptions(target=48, cap=64, focus="find", constrain=False, min_context=0)
+    sess = engine.session(FIND_CONTEXT, FIND_QUESTION, options=options)
+    tokens = engine.tokenizer.encode(transcript, add_special_tokens=False)
+    params = SamplingParams(max_tokens=len(tokens), ignore_eos=True)
+    out: list[Any] = []
+    for _ in engine.stream(sess, params, result=out, controller=Forced(sess, tokens)):
+        pass
+    assert sess.text == transcript  # the forcing took: the record is of this transcript
+    answer = out[0]  # the Answer `declattn run` would get
+    return build_record(answer, model="tiny-random", question=FIND_QUESTION, evidence=evidence)
+
+
+@pytest.fixture(scope="session")
+def find_record_master(find_engine) -> dict[str, Any]:
+    return forced_record(find_engine, FIND_TRANSCRIPT, FIND_EVIDENCE)
+
+
+@pytest.fixture
+def find_record(find_record_master) -> dict[str, Any]:
+    """A fresh copy per test, so a test may edit it."""
+    return copy.deepcopy(find_record_master)

@@ -20,8 +20,12 @@ def test_show_writes_png_and_page(record, tmp_path, capsys):
     rec_path = _save(tmp_path / "run.json", record)
     out = tmp_path / "figs" / "deeper"
     assert main(["show", rec_path, "--out", str(out)]) == 0
-    printed = capsys.readouterr().out.split()
-    assert printed == [str(out / "run.png"), str(out / "run.html")]
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == [
+        str(out / "run.png"),
+        str(out / "run.html"),
+        "focus: 1 accepted (evidence not known); 1 declined (unknown chunk id)",
+    ]
     img = imread(out / "run.png")
     assert img.shape[:2] == (800, 1200)
     page = (out / "run.html").read_text(encoding="utf-8")
@@ -68,6 +72,22 @@ def test_vanilla_record_is_refused(record, tmp_path, capsys):
         del record[key]
     assert main(["show", _save(tmp_path / "v.json", record)]) == 2
     assert "not a DA run record" in capsys.readouterr().err
+
+
+def test_a_request_that_ran_vanilla_says_why(record, tmp_path, capsys):
+    for key in ("layout", "chunks"):
+        del record[key]
+    record["note"] = "ran vanilla: a context of 90 tokens is under min_context 1024"
+    assert main(["show", _save(tmp_path / "v.json", record)]) == 2
+    err = capsys.readouterr().err
+    assert "not a DA run record (missing layout); ran vanilla: a context of 90 tokens" in err
+
+
+def test_show_prints_the_focus_summary_of_a_find_record(find_record, tmp_path, capsys):
+    assert main(["show", _save(tmp_path / "f.json", find_record)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    assert lines[2] == "focus: 1 of 2 held the evidence; 1 declined (find phrase in no chunk)"
 
 
 def test_declaration_outside_the_text_is_named(record, tmp_path, capsys):

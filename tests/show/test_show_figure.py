@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -33,6 +34,19 @@ def _nearest_mode(pixel: np.ndarray) -> tuple[str, float]:
     return str(best), float(np.abs(pixel[:3] - to_rgb(MODE_COLORS[best])).sum())
 
 
+def _drawn(rec: ShowRecord, path, dpi: int = 60) -> tuple[Any, np.ndarray]:
+    """The figure, saved and read back as RGB, its canvas drawn so transforms hold."""
+    fig = draw_figure(rec, dpi=dpi)
+    fig.savefig(path, dpi=dpi, format="png", facecolor="white")
+    fig.canvas.draw()
+    return fig, imread(path)[..., :3]
+
+
+def _row_ticks(ax: Any) -> dict[str, float]:
+    """The read map's row label -> y of its centre."""
+    return dict(zip([t.get_text() for t in ax.get_yticklabels()], ax.get_yticks(), strict=True))
+
+
 def test_png_size_and_not_blank(rec, tmp_path):
     path = save_figure(rec, tmp_path / "r.png", dpi=50)
     img = imread(path)
@@ -44,13 +58,8 @@ def test_png_size_and_not_blank(rec, tmp_path):
 
 
 def test_timeline_colour_of_every_step_is_its_mode(rec, tmp_path):
-    dpi = 60
-    fig = draw_figure(rec, dpi=dpi)
-    path = tmp_path / "r.png"
-    fig.savefig(path, dpi=dpi, format="png", facecolor="white")
-    img = imread(path)
+    fig, img = _drawn(rec, tmp_path / "r.png")
     height = img.shape[0]
-    fig.canvas.draw()
     timeline = fig.axes[0]
     seen = set()
     for step in rec.steps:
@@ -64,12 +73,7 @@ def test_timeline_colour_of_every_step_is_its_mode(rec, tmp_path):
 
 
 def test_mode_colours_only_in_the_timeline_band(rec, tmp_path):
-    dpi = 60
-    fig = draw_figure(rec, dpi=dpi)
-    path = tmp_path / "r.png"
-    fig.savefig(path, dpi=dpi, format="png", facecolor="white")
-    img = imread(path)[..., :3]
-    fig.canvas.draw()
+    fig, img = _drawn(rec, tmp_path / "r.png")
     box = fig.axes[0].get_window_extent()
     h = img.shape[0]
     band = img[int(h - box.y1) + 2 : int(h - box.y0) - 2, int(box.x0) + 2 : int(box.x1) - 2]
@@ -150,15 +154,9 @@ def test_no_decode_steps_still_draws(record, tmp_path):
 
 
 def test_heatmap_pixels_follow_the_reads(rec, tmp_path):
-    dpi = 60
-    fig = draw_figure(rec, dpi=dpi)
-    path = tmp_path / "r.png"
-    fig.savefig(path, dpi=dpi, format="png", facecolor="white")
-    img = imread(path)[..., :3]
-    fig.canvas.draw()
+    fig, img = _drawn(rec, tmp_path / "r.png")
     ax_map = fig.axes[2]
-    labels = [t.get_text() for t in ax_map.get_yticklabels()]
-    rows = dict(zip(labels, ax_map.get_yticks(), strict=True))
+    rows = _row_ticks(ax_map)
     m = read_map(rec)
     for k, step in enumerate(rec.steps):
         for r, label in enumerate(m.labels):
@@ -171,3 +169,24 @@ def test_heatmap_pixels_follow_the_reads(rec, tmp_path):
                 assert brightness > 0.97, (step.index, label)
             else:  # a partly read chunk (block rounding) is a light grey
                 assert 0.5 < brightness < 0.97, (step.index, label)
+
+
+def test_focus_runs_frame_the_chunks_they_resolved_to(find_record, tmp_path):
+    rec = ShowRecord.from_dict(find_record)
+    fig, img = _drawn(rec, tmp_path / "f.png")
+    ax_map = fig.axes[2]
+    rows = _row_ticks(ax_map)
+    green = np.array(to_rgb(MODE_COLORS[Mode.FOCUS]))
+    focus_runs = [r for r in mode_runs(rec.steps) if r.mode is Mode.FOCUS]
+    assert [r.focus_ids for r in focus_runs] == [(2,), (1,)]  # the two accepted finds
+    h = img.shape[0]
+    for run in focus_runs:
+        for label, y in rows.items():
+            if not label.startswith("chunk "):
+                continue
+            # the frame's left edge, at the row's centre
+            x, y_px = ax_map.transData.transform((run.first - 0.5, y))
+            row, col = int(round(h - y_px)), int(round(x))
+            band = img[row, col - 1 : col + 2]
+            is_green = (np.abs(band - green).sum(axis=-1) < 0.15).any()
+            assert is_green == (int(label.split()[1]) in run.focus_ids), (run, label)

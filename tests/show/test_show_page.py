@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import re
 from html.parser import HTMLParser
@@ -11,7 +12,7 @@ import pytest
 
 from declattn.protocol.modes import Mode
 from declattn.show import ShowRecord
-from declattn.show.page import mode_spans, render_page
+from declattn.show.page import SCRIPT, mode_spans, render_page
 
 
 class _Collect(HTMLParser):
@@ -75,11 +76,11 @@ def test_one_element_per_mode_span_with_class_and_chunks(rec, page):
     # worked out by hand from the token texts in conftest.py
     assert got == [
         ("mode-global", None),  # "Let me look.\n"
-        ("tag", None),  # <focus magic_chunks="2">
+        ("tag focus-tag", "2"),  # <focus magic_chunks="2">
         ("mode-focus", "2"),  # " The keeper was Mary Hale."
         ("tag", None),  # </focus>
         ("mode-global", None),  # "\n"
-        ("tag declined", None),  # <focus magic_chunks="9">
+        ("tag declined focus-tag", ""),  # <focus magic_chunks="9">: lights no chunk
         ("mode-global", None),  # " hmm\n"
         ("tag", None),  # <local>
         ("mode-local", None),  # " So 1903 a < b"
@@ -91,7 +92,11 @@ def test_one_element_per_mode_span_with_class_and_chunks(rec, page):
     assert len(spans) == len(mode_spans(rec))
     assert spans[2]["text"] == " The keeper was Mary Hale."
     assert spans[8]["text"] == " So 1903 a < b"
-    assert spans[5]["attrs"]["title"] == "declined: unknown chunk id"
+    assert spans[5]["attrs"]["title"] == "declined: unknown chunk id · click for details"
+    # the two focus declarations are click targets 0 and 1, and so is the text read under 0
+    assert [e["attrs"].get("data-focus") for e in spans[:7]] == [
+        None, "0", "0", None, None, "1", None
+    ]
 
 
 def test_response_text_is_the_output_escaped(rec, page):
@@ -102,10 +107,13 @@ def test_response_text_is_the_output_escaped(rec, page):
 
 
 def test_no_markup_from_the_record_survives(page):
-    assert "<script" not in page.lower()
+    # the one script is the page's own constant; nothing from the record is markup
+    assert page.lower().count("<script") == 1
+    assert f"<script>{SCRIPT}</script>" in page
     assert "<b>" not in page and "<i>" not in page
     p = _parse(page)
-    assert not {"script", "b", "i", "iframe"} & set(p.tags)
+    assert p.tags.count("script") == 1
+    assert not {"b", "i", "iframe"} & set(p.tags)
     assert "&lt;script&gt;alert(&#x27;chunk&#x27;)&lt;/script&gt;" in page
     assert "Who kept the light &lt;i&gt;after&lt;/i&gt; 1903?" in page
 
@@ -171,3 +179,62 @@ def test_step_after_char_matches_the_steps(rec):
     local_tag = next(d for d in rec.declarations if d.kind == "local")
     assert rec.step_after_char(local_tag.end) == first_local
     assert rec.step_after_char(len(rec.text)) is None  # the last token has no later step
+
+
+def test_focus_section_lists_every_focus(find_record):
+    rec = ShowRecord.from_dict(find_record)
+    p = _parse(render_page(rec))
+    section = _by_id(p, "focus")
+    assert rec.focus_summary() in section["text"]
+    assert "The evidence is in chunk 2." in section["text"]
+    rows = [e for e in p.elements if e["attrs"].get("id", "").startswith("focus-row-")]
+    assert [r["attrs"]["data-focus"] for r in rows] == ["0", "1", "2"]
+    assert [r["attrs"]["data-chunk"] for r in rows] == ["2", "1", ""]  # declined: none
+    cells = [
+        {c["attrs"]["class"]: c["text"] for c in p.elements if c["parents"][-1:] == [r]
+         and "class" in c["attrs"]}
+        for r in rows
+    ]
+    assert [c["resolved"] for c in cells] == ["chunk 2", "chunk 1", "none"]
+    assert [c["match"] for c in cells] == ["exact", "window", "—"]
+    assert [c["outcome"] for c in cells] == [
+        "accepted", "accepted", "declined: find phrase in no chunk"
+    ]
+    assert [c["held"] for c in cells] == [
+        "held the evidence", "missed the evidence", "— (nothing narrowed)"
+    ]
+    assert 'find “Mary Hale”' in rows[0]["text"] and '<focus find="Mary Hale">' in rows[0]["text"]
+    assert "holds the evidence" in _by_id(p, "chunk-2")["text"]
+    assert "holds the evidence" not in _by_id(p, "chunk-1")["text"]
+
+
+def test_focus_tags_in_the_response_are_click_targets(find_record):
+    rec = ShowRecord.from_dict(find_record)
+    spans = _response_spans(_parse(render_page(rec)))
+    targets = [
+        (e["attrs"]["class"], e["attrs"]["data-focus"], e["attrs"]["data-chunk"])
+        for e in spans
+        if "data-focus" in e["attrs"]
+    ]
+    assert targets == [
+        ("tag focus-tag", "0", "2"),
+        ("mode-focus", "0", "2"),  # "Mary Hale kept the light."
+        ("tag focus-tag", "1", "1"),
+        ("mode-focus", "1", "1"),  # "the board"
+        ("tag declined focus-tag", "2", ""),
+    ]
+
+
+def test_the_policy_allows_exactly_the_pages_script(page):
+    csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', page).group(1)
+    digest = base64.b64encode(hashlib.sha256(SCRIPT.encode()).digest()).decode()
+    assert f"script-src 'sha256-{digest}'" in csp
+    assert "default-src 'none'" in csp and "unsafe-eval" not in csp
+    body = re.search(r"<script>(.*?)</script>", page, re.S).group(1)
+    assert body == SCRIPT
+
+
+def test_note_is_shown(record):
+    record["note"] = "a note <with> markup"
+    page = render_page(ShowRecord.from_dict(record))
+    assert '<p class="note">a note &lt;with&gt; markup</p>' in page

@@ -1,6 +1,6 @@
 """``declattn show``: a picture and a web page of one DA response, from its run record.
 
-The run record (``declattn.record``) is a JSON dict written by one version of the
+The run record (``declattn.show.record``) is a JSON dict written by one version of the
 engine and read back here, possibly much later and by hand-edited or truncated files.
 This module checks it once, turns it into small typed dataclasses, and gives both
 renderers (``figure`` for the PNG, ``page`` for the HTML) the same reading of it: the
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from declattn.accounting import saving
 from declattn.protocol.layout import Layout, Span
 from declattn.protocol.modes import Mode
 
@@ -24,9 +25,11 @@ __all__ = [
     "ShowChunk",
     "ShowDeclaration",
     "ShowFiles",
+    "ShowFocus",
     "ShowRecord",
     "ShowStep",
     "load_show_record",
+    "not_a_da_record",
     "write_show",
 ]
 
@@ -83,6 +86,32 @@ class ShowDeclaration:
 
 
 @dataclass(frozen=True)
+class ShowFocus:
+    """One focus the model wrote and what came of it, from the record's ``focus`` list.
+
+    ``focus_ids``: the chunks it resolved to, best match first; ``phrase`` and ``match``
+    (``"exact"``/``"window"``) for a ``find`` focus, None for one by ids; ``declined``:
+    why it was refused (nothing was narrowed then); ``holds_evidence``: whether those
+    chunks hold what the question needs, None where the record does not know. ``start``
+    and ``end`` are its tag's characters in the output, to link the two on the page.
+    """
+
+    start: int
+    end: int
+    tag: str
+    phrase: str | None
+    match: str | None
+    focus_ids: tuple[int, ...]
+    declined: str | None
+    holds_evidence: bool | None
+
+    @property
+    def by(self) -> str:
+        """How the model named the chunks: ``find`` (a phrase) or ``ids``."""
+        return "find" if self.phrase is not None else "ids"
+
+
+@dataclass(frozen=True)
 class ShowRecord:
     """What the renderers need of a run record, checked."""
 
@@ -102,6 +131,10 @@ class ShowRecord:
     steps: tuple[ShowStep, ...]
     totals: dict[str, Any]
     by_mode: dict[str, dict[str, Any]]
+    focus: tuple[ShowFocus, ...] = ()
+    focus_form: str | None = None
+    evidence_chunks: tuple[int, ...] | None = None
+    note: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShowRecord:
@@ -110,7 +143,7 @@ class ShowRecord:
             raise ValueError("not a DA run record (not a JSON object)")
         missing = [k for k in ("layout", "output", "block_size", "chunks", "steps") if k not in d]
         if missing:
-            raise ValueError(f"not a DA run record (missing {', '.join(missing)})")
+            raise ValueError(not_a_da_record(d, missing))
         try:
             return _convert(d)
         except (KeyError, TypeError, ValueError) as e:
@@ -120,15 +153,36 @@ class ShowRecord:
     @property
     def saving(self) -> float:
         """Fraction of vanilla's logical reads avoided over the decode steps."""
-        return _saving(self.totals.get("logical", 0), self.totals.get("vanilla_logical", 0))
+        return saving(self.totals.get("logical", 0), self.totals.get("vanilla_logical", 0))
 
     @property
     def physical_saving(self) -> float:
-        return _saving(self.totals.get("physical", 0), self.totals.get("vanilla_physical", 0))
+        return saving(self.totals.get("physical", 0), self.totals.get("vanilla_physical", 0))
 
     @property
     def declines(self) -> tuple[ShowDeclaration, ...]:
         return tuple(d for d in self.declarations if d.declined)
+
+    def focus_summary(self) -> str:
+        """One line on the focuses: how many were accepted and declined, and, where the
+        record knows the evidence, how many of the accepted ones held it."""
+        if not self.focus:
+            return "focus: none declared"
+        accepted = [f for f in self.focus if not f.declined]
+        known = [f for f in accepted if f.holds_evidence is not None]
+        if known:
+            held = sum(1 for f in known if f.holds_evidence)
+            parts = [f"{held} of {len(known)} held the evidence"]
+            if len(known) < len(accepted):
+                parts.append(f"{len(accepted) - len(known)} not known")
+        else:
+            unknown = " (evidence not known)" if accepted else ""
+            parts = [f"{len(accepted)} accepted{unknown}"]
+        declined = [f.declined for f in self.focus if f.declined]
+        if declined:
+            reasons = ", ".join(dict.fromkeys(str(r) for r in declined))
+            parts.append(f"{len(declined)} declined ({reasons})")
+        return "focus: " + "; ".join(parts)
 
     def step_after_char(self, end: int) -> int | None:
         """The first decode step that reads under a tag ending at character ``end``.
@@ -152,8 +206,12 @@ class ShowRecord:
         return ends
 
 
-def _saving(da: float, vanilla: float) -> float:
-    return 1.0 - da / vanilla if vanilla else 0.0
+def not_a_da_record(record: Any, missing: list[str]) -> str:
+    """The message for a record without DA fields: most often a request that ran vanilla,
+    whose ``note`` says why, so the note is quoted."""
+    msg = f"not a DA run record (missing {', '.join(missing)})"
+    note = record.get("note") if isinstance(record, dict) else None
+    return f"{msg}; {note}" if note else msg
 
 
 def _ranges(raw: Any) -> tuple[tuple[int, int], ...] | None:
@@ -202,6 +260,46 @@ def _declaration(d: dict[str, Any], text_len: int) -> ShowDeclaration:
     )
 
 
+def _focus(
+    raw: Any, declarations: list[ShowDeclaration], evidence: tuple[int, ...] | None
+) -> tuple[ShowFocus, ...]:
+    """The record's ``focus`` list, each entry tied to its declaration by ``start``.
+
+    Records from before focus diagnostics have no list: their focus declarations are
+    read instead (no phrase, no match), with ``holds_evidence`` from ``evidence_chunks``
+    where the record names them.
+    """
+    tags = {d.start: d for d in declarations if d.kind == "focus"}
+    if raw is None:
+        raw = [
+            {"start": d.start, "tag": d.tag, "focus_ids": d.focus_ids, "declined": d.declined}
+            for d in tags.values()
+        ]
+    out = []
+    for f in raw:
+        start = int(f["start"])
+        decl = tags.get(start)
+        if decl is None:
+            raise ValueError(f"focus at character {start} matches no focus declaration")
+        ids = tuple(int(i) for i in f.get("focus_ids", ()))
+        held = f.get("holds_evidence")
+        if held is None and evidence is not None:
+            held = bool(set(ids) & set(evidence))
+        out.append(
+            ShowFocus(
+                start=start,
+                end=decl.end,
+                tag=str(f.get("tag", decl.tag)),
+                phrase=None if f.get("phrase") is None else str(f["phrase"]),
+                match=None if f.get("match") is None else str(f["match"]),
+                focus_ids=ids,
+                declined=None if not f.get("declined") else str(f["declined"]),
+                holds_evidence=None if held is None else bool(held),
+            )
+        )
+    return tuple(out)
+
+
 def _convert(d: dict[str, Any]) -> ShowRecord:
     layout = Layout.from_dict(d["layout"])
     chunks = []
@@ -220,6 +318,9 @@ def _convert(d: dict[str, Any]) -> ShowRecord:
     block_size = int(d["block_size"])
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
+    raw_evidence = d.get("evidence_chunks")
+    evidence = None if raw_evidence is None else tuple(int(i) for i in raw_evidence)
+    note = d.get("note")
     return ShowRecord(
         model=str(d.get("model", "?")),
         arm=str(d.get("arm", "da")),
@@ -237,6 +338,10 @@ def _convert(d: dict[str, Any]) -> ShowRecord:
         steps=steps,
         totals=dict(d.get("totals") or _sum_steps(steps)),
         by_mode=dict(d.get("by_mode") or {}),
+        focus=_focus(d.get("focus"), declarations, evidence),
+        focus_form=None if d.get("focus_form") is None else str(d["focus_form"]),
+        evidence_chunks=evidence,
+        note=None if note is None else str(note),
     )
 
 
@@ -252,7 +357,7 @@ def load_show_record(path: str | Path) -> ShowRecord:
     Raises ``FileNotFoundError`` for a missing file and ``ValueError`` for a file that is
     not a DA run record, both with a message naming the file.
     """
-    from declattn.record import load_record
+    from declattn.show.record import load_record
 
     try:
         record = load_record(path)
@@ -268,6 +373,8 @@ def load_show_record(path: str | Path) -> ShowRecord:
 class ShowFiles:
     png: Path
     html: Path
+    focus: str
+    """The record's one-line focus summary (``ShowRecord.focus_summary``)."""
 
 
 def write_show(record_path: str | Path, out_dir: str | Path | None = None) -> ShowFiles:
@@ -284,4 +391,4 @@ def write_show(record_path: str | Path, out_dir: str | Path | None = None) -> Sh
     out.mkdir(parents=True, exist_ok=True)
     png = save_figure(rec, out / f"{record_path.stem}.png")
     html = save_page(rec, out / f"{record_path.stem}.html", figure_png=png.read_bytes())
-    return ShowFiles(png=png, html=html)
+    return ShowFiles(png=png, html=html, focus=rec.focus_summary())

@@ -330,6 +330,7 @@ def _draw_map(ax: Any, rec: ShowRecord) -> Any:
     ax.set_yticklabels([m.labels[r] for r in rows], fontsize=8)
     for boundary in (edges[1], edges[-3], edges[-2]):
         ax.axhline(boundary, color="#2f6fdb", lw=0.6, alpha=0.6)
+    _mark_focus(ax, rec, edges)
     ax.set_ylabel("what the attention read", fontsize=9)
     if data.mask.all():
         ax.text(
@@ -342,6 +343,32 @@ def _draw_map(ax: Any, rec: ShowRecord) -> Any:
             fontsize=9,
         )
     return image
+
+
+def _mark_focus(ax: Any, rec: ShowRecord, edges: list[float]) -> None:
+    """Frame, in focus green, the chunk rows each focus run resolved to: a dark cell
+    inside the frame is a focus read as declared, a dark row outside it is a bug."""
+    from matplotlib.patches import Rectangle
+
+    rows = {c.id: r for r, c in enumerate(rec.chunks, start=1)}
+    for run in mode_runs(rec.steps):
+        if run.mode is not Mode.FOCUS:
+            continue
+        for cid in run.focus_ids:
+            r = rows.get(cid)
+            if r is None:
+                continue
+            ax.add_patch(
+                Rectangle(
+                    (run.first - 0.5, edges[r]),
+                    run.last - run.first + 1,
+                    edges[r + 1] - edges[r],
+                    fill=False,
+                    edgecolor=MODE_COLORS[Mode.FOCUS],
+                    lw=2.0,
+                    zorder=3,
+                )
+            )
 
 
 def save_figure(rec: ShowRecord, path: str | Path, dpi: int = 100) -> Path:
