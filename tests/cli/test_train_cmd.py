@@ -68,5 +68,5 @@ def test_demo_uses_a_generated_document_for_a_model_trained_here(
     assert main(["demo", "--model", str(trained), "--out", str(tmp_path),
                  "--max-tokens", "24"]) == 0
     text = capsys.readouterr().out
-    assert "generated paragraphs" in text and "saving:" in text
+    assert "generated paragraphs" in text and "of vanilla's attended tokens" in text
     assert (tmp_path / "record.json").is_file()

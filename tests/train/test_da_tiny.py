@@ -51,8 +51,8 @@ def test_it_answers_from_its_own_declarations(engine: Engine) -> None:
 def test_the_read_counter_equals_the_scope_on_every_step(engine: Engine) -> None:
     ep = make_episode(random.Random(EVAL_SEED_BASE + 9), 16, False)
     sess = engine.session(ep.context, ep.question, da=True, max_tokens=64)
-    seq = engine.core.add(sess.prompt_ids, SamplingParams(max_tokens=64), sess)
-    for _ in engine.core.run(seq):
+    seq = engine.add(sess, SamplingParams(max_tokens=64))
+    for _ in engine.run(seq):
         pass
     assert len(seq.reads) == len(sess.expected_views) > 0
     for read, expected in zip(seq.reads, sess.expected_views, strict=True):
@@ -73,7 +73,8 @@ def test_demo_runs_the_whole_loop(tmp_path: Any, capsys: pytest.CaptureFixture[s
 
     assert main(["demo", "--model", "da-tiny", "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
-    assert "generated paragraphs" in text and "saving:" in text
+    assert "generated paragraphs" in text and "correct: yes" in text
+    assert "held the fact: yes" in text and "of vanilla's attended tokens" in text
 
 
 def test_the_curriculum_holds_short_documents_then_grows(tiny_tok: Any) -> None:

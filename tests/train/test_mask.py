@@ -38,7 +38,7 @@ def _engine_run(model: Any, tok: Any, episode: Any) -> tuple[Forced, Any]:
     forced = tok.encode(episode.target, add_special_tokens=False)
     sess = Forced(tok, episode.context, episode.question, o, 16, forced=forced)
     engine = PagedEngine(model, tok, num_blocks=256, block_size=16)
-    seq = engine.add(sess.prompt_ids, SamplingParams(max_tokens=len(forced)), sess)
+    seq = engine.add(sess, SamplingParams(max_tokens=len(forced)))
     while seq.finish_reason is None:
         engine.step()
     return sess, seq

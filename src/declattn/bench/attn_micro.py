@@ -1,14 +1,18 @@
 """Decode attention alone: time per step against the bytes each mode must read.
 
 One decode row attends a synthetic KV cache through the engine's own path
-(``PagedAttention`` over a ``KVCache``, views from ``Scope``), in a KV-heavy layer shape.
-The three modes are interleaved in one loop with a bandwidth probe, and the caches are
-flushed before every step, as a real step's weight reads would flush them, so a small
-view cannot win by sitting in L3. The figure of merit is the time fraction of a mode
-against global over its kept-byte fraction: 1.0 means reading fewer blocks saves time
-exactly in proportion to the bytes. Process CPU time is recorded beside wall time: on a
-machine shared with busy neighbours it is the steadier of the two (it leaves out the
-time this process waited for a core), though it still pays for shared memory bandwidth.
+(``PagedAttention`` over a ``KVCache``, views from ``Scope``), in a real model's layer
+shape (Qwen2.5-0.5B by default: 24 layers, 14 query heads over 2 KV heads of 64, bf16).
+Every arm — decode path (fused kernel, torch fallback) x threads x mode (global, focus,
+local) — is interleaved in one loop with a bandwidth probe sampled at the same thread
+count, and the caches are flushed before every step, as a real step's weight reads
+would flush them, so a small view cannot win by sitting in L3.
+
+Figures of merit: effective GB/s (bytes read / time) against the read bandwidth
+measured in the same minutes, ``time / roofline`` (1.0: the step costs exactly its bytes),
+and for DA modes ``time fraction / byte fraction`` against global (1.0: reading fewer
+blocks saves time in proportion). Process CPU time is recorded beside wall time: on a
+machine shared with busy neighbours it is the steadier of the two.
 """
 
 from __future__ import annotations
@@ -20,37 +24,44 @@ from typing import Any
 
 import torch
 
-from declattn.bench.machine import BandwidthProbe, Timing
-from declattn.engine.attention import PagedAttention, ReadCounter, SeqStep
+from declattn.bench.machine import BandwidthProbe, Timing, time_call
+from declattn.engine.decode import kernel_in_use
 from declattn.engine.kv import KVCache, KVConfig
+from declattn.engine.paged import PagedAttention, SeqStep
+from declattn.engine.reads import ReadCounter
+from declattn.engine.threads import available_cores
 from declattn.protocol.layout import Layout, Span
 from declattn.protocol.modes import Mode
 from declattn.scope import Scope
 
 MODES = ("global", "focus", "local")
+KERNELS = ("native", "torch")
 
 
 @dataclass(frozen=True)
 class MicroConfig:
     """Shape and schedule of the micro-benchmark.
 
-    ``n_layers`` separate pools are read per step (a step of a model with that many
-    global layers); times are reported per layer.
+    ``n_layers`` separate pools are read per step, as a model with that many global
+    layers reads them. ``threads`` above the machine's cores are dropped; ``kernels``
+    that cannot run here (no compiler for ``native``) are dropped and said so.
     """
 
-    contexts: tuple[int, ...] = (4096, 8192, 16384, 32768, 65536, 131072)
-    n_heads: int = 32
-    n_kv_heads: int = 8
-    head_dim: int = 128
+    contexts: tuple[int, ...] = (4096, 16384, 32768)
+    n_heads: int = 14
+    n_kv_heads: int = 2
+    head_dim: int = 64
     block_size: int = 16
-    n_layers: int = 4
+    n_layers: int = 24
     chunk_tokens: int = 2048
-    focus_chunks: int = 2
+    focus_chunks: int = 1
     sink: int = 16
     question_tokens: int = 64
     response_tokens: int = 32
-    repeats: int = 7
+    repeats: int = 5
     dtype: str = "bfloat16"
+    threads: tuple[int, ...] = (1, 2)
+    kernels: tuple[str, ...] = KERNELS
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,12 +100,13 @@ def mode_views(layout: Layout, length: int, block_size: int, n_focus: int) -> di
 
 @dataclass
 class _Arm:
+    kernel: str
+    threads: int
+    mode: str
     view: tuple[int, ...] | None
     times: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
     plans: list[float] = field(default_factory=list)
-    bytes_per_layer: int = 0
-    blocks: int = 0
 
 
 def _fill(cache: KVCache, seq_id: int, length: int, gen: torch.Generator) -> None:
@@ -110,16 +122,22 @@ def _fill(cache: KVCache, seq_id: int, length: int, gen: torch.Generator) -> Non
         pool[:, lo:hi].copy_(first_v[:, lo:hi])
 
 
+def usable(cfg: MicroConfig, pool: torch.Tensor) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The thread counts and decode paths of ``cfg`` this machine can run."""
+    threads = tuple(t for t in cfg.threads if 1 <= t <= available_cores()) or (1,)
+    kernels = tuple(k for k in cfg.kernels if k == "torch" or kernel_in_use(pool) == k)
+    return threads, kernels
+
+
 def bench_context(
-    cfg: MicroConfig, context: int, probe: BandwidthProbe, seed: int = 0
+    cfg: MicroConfig, context: int, probes: dict[int, BandwidthProbe], seed: int = 0
 ) -> dict[str, Any]:
-    """All modes at one context length; see the module docstring for the method."""
+    """Every arm at one context length; see the module docstring for the method."""
     dtype = getattr(torch, cfg.dtype)
     length = context + cfg.response_tokens
     bs = cfg.block_size
-    n_blocks = -(-length // bs) + 1
     cache = KVCache(
-        KVConfig(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, n_blocks, bs, dtype=dtype)
+        KVConfig(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, -(-length // bs) + 1, bs, dtype=dtype)
     )
     gen = torch.Generator().manual_seed(seed)
     _fill(cache, 0, length, gen)
@@ -129,86 +147,151 @@ def bench_context(
     k = torch.randn(1, cfg.n_kv_heads, cfg.head_dim, generator=gen).to(dtype)
     v = torch.randn(1, cfg.n_kv_heads, cfg.head_dim, generator=gen).to(dtype)
     scale = cfg.head_dim**-0.5
-    arms = {m: _Arm(None if m == "global" else tuple(views[m])) for m in MODES}
+    threads, kernels = usable(cfg, cache.k[0])
+    arms = [
+        _Arm(kn, t, m, None if m == "global" else tuple(views[m]))
+        for t in threads for kn in kernels for m in MODES
+    ]
 
-    def step(arm: _Arm, counter: ReadCounter | None) -> Callable[[], None]:
-        def run() -> None:
-            attn = PagedAttention(cache, [SeqStep(0, length - 1, 1, arm.view)], counter)
-            for layer in range(cfg.n_layers):
-                attn(layer, q, k, v, scale=scale, window=None)
+    def attention(arm: _Arm, counter: ReadCounter | None = None) -> PagedAttention:
+        return PagedAttention(cache, [SeqStep(0, length - 1, 1, arm.view)], counter,
+                              kernel=arm.kernel)  # type: ignore[arg-type]
 
-        return run
+    def step(arm: _Arm, counter: ReadCounter | None = None) -> None:
+        attn = attention(arm, counter)
+        for layer in range(cfg.n_layers):
+            attn(layer, q, k, v, scale=scale, window=None)
 
+    n_bytes: dict[str, int] = {}
     with torch.inference_mode():
-        for name, arm in arms.items():  # warm-up, and what each step reads
+        for arm in arms:  # warm-up, and what each step reads (the counter, held to the view)
+            torch.set_num_threads(arm.threads)
             counter = ReadCounter()
-            step(arm, counter)()
-            want = views[name]
+            step(arm, counter)
             for layer in range(cfg.n_layers):
-                if counter.blocks_read(0, 0, layer) != tuple(want):
-                    raise AssertionError(f"{name}: blocks read differ from the view")
-            arm.bytes_per_layer = counter.total_bytes() // cfg.n_layers
-            arm.blocks = len(want)
+                if counter.blocks_read(0, 0, layer) != tuple(views[arm.mode]):
+                    raise AssertionError(f"{arm.mode}: blocks read differ from the view")
+            n_bytes[arm.mode] = counter.total_bytes()
         for _ in range(cfg.repeats):
-            probe.sample()
-            for arm in arms.values():
-                probe.flush()
-                t0 = time.perf_counter()
-                PagedAttention(cache, [SeqStep(0, length - 1, 1, arm.view)])
-                t1 = time.perf_counter()
-                c1 = time.process_time()
-                step(arm, None)()
-                c2 = time.process_time()
-                t2 = time.perf_counter()
-                arm.plans.append(t1 - t0)
-                arm.times.append((t2 - t1) / cfg.n_layers)  # one plan included
-                arm.cpu.append((c2 - c1) / cfg.n_layers)
-    out: dict[str, Any] = {
+            for t in threads:
+                torch.set_num_threads(t)
+                probes[t].sample()
+                for arm in (a for a in arms if a.threads == t):
+                    probes[t].flush()
+                    t0 = time.perf_counter()
+                    attention(arm)
+                    t1 = time.perf_counter()
+                    c1 = time.process_time()
+                    step(arm)
+                    c2 = time.process_time()
+                    t2 = time.perf_counter()
+                    arm.plans.append(t1 - t0)
+                    arm.times.append(t2 - t1)  # one plan included, as in a real step
+                    arm.cpu.append(c2 - c1)
+    return {
         "context": context,
         "length": length,
         "n_chunks": layout.n_chunks,
         "focus_ids": list(views["focus_ids"]),
-        "modes": {},
+        "blocks": {m: len(views[m]) for m in MODES},
+        "bytes_per_step": n_bytes,
+        "arms": [
+            {
+                "kernel": a.kernel,
+                "threads": a.threads,
+                "mode": a.mode,
+                "seconds_per_step": Timing.of(a.times).to_dict(),
+                "cpu_seconds_per_step": Timing.of(a.cpu).to_dict(),
+                "plan_seconds_per_step": Timing.of(a.plans).to_dict(),
+            }
+            for a in arms
+        ],
     }
-    g = arms["global"]
-    g_time, g_cpu = Timing.of(g.times), Timing.of(g.cpu)
-    for name, arm in arms.items():
-        t, c = Timing.of(arm.times), Timing.of(arm.cpu)
-        entry: dict[str, Any] = {
-            "blocks": arm.blocks,
-            "bytes_per_layer": arm.bytes_per_layer,
-            "seconds_per_layer": t.to_dict(),
-            "cpu_seconds_per_layer": c.to_dict(),
-            "cpu_time_over_bytes_best": c.best / g_cpu.best / (
-                arm.bytes_per_layer / g.bytes_per_layer
-            ),
-            "plan_seconds_per_step": Timing.of(arm.plans).to_dict(),
-            "byte_fraction": arm.bytes_per_layer / g.bytes_per_layer,
-            "time_fraction_best": t.best / g_time.best,
-            "time_fraction_median": t.median / g_time.median,
-        }
-        entry["time_over_bytes_best"] = entry["time_fraction_best"] / entry["byte_fraction"]
-        entry["time_over_bytes_median"] = entry["time_fraction_median"] / entry["byte_fraction"]
-        entry["read_gbps_best"] = arm.bytes_per_layer / t.best / 1e9
-        out["modes"][name] = entry
-    return out
+
+
+def compute_ceiling(cfg: MicroConfig, kernel: str, threads: int, tokens: int = 4096) -> float:
+    """Bytes per second one layer call reads when its KV is hot in cache (``tokens``
+    positions, 2 MiB at the default shape, no flush, best of many; the call's fixed
+    costs included): what the arithmetic allows. Where this is below the DRAM
+    read bandwidth, decode attention is compute-bound, and no layout of the reads gets
+    a step to its bytes / bandwidth."""
+    dtype = getattr(torch, cfg.dtype)
+    bs = cfg.block_size
+    cache = KVCache(KVConfig(1, cfg.n_kv_heads, cfg.head_dim, -(-tokens // bs), bs, dtype=dtype))
+    _fill(cache, 0, tokens, torch.Generator().manual_seed(1))
+    q = torch.randn(1, cfg.n_heads, cfg.head_dim).to(dtype)
+    k = torch.randn(1, cfg.n_kv_heads, cfg.head_dim).to(dtype)
+    attn = PagedAttention(cache, [SeqStep(0, tokens - 1, 1)], kernel=kernel)  # type: ignore[arg-type]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            best = min(
+                time_call(lambda: attn(0, q, k, k, scale=1.0, window=None)) for _ in range(200)
+            )
+    finally:
+        torch.set_num_threads(before)
+    return tokens * cache.config.bytes_per_token / best
+
+
+def _derive(row: dict[str, Any], read_bw: dict[int, float]) -> None:
+    """Bandwidth, roofline and ratio figures of one context's arms, in place."""
+    by_key = {(a["kernel"], a["threads"], a["mode"]): a for a in row["arms"]}
+    full = row["bytes_per_step"]["global"]
+    for a in row["arms"]:
+        nb = row["bytes_per_step"][a["mode"]]
+        best = a["seconds_per_step"]["best"]
+        a["bytes_per_step"] = nb
+        a["byte_fraction"] = nb / full
+        a["read_gbps_best"] = nb / best / 1e9
+        a["roofline_seconds_per_step"] = nb / read_bw[a["threads"]]
+        a["time_over_roofline_best"] = best / a["roofline_seconds_per_step"]
+        # CPU time leaves out waits for a core (on a loaded machine, most of the wall time);
+        # per thread, so that two threads busy for the whole step count once.
+        cpu = a["cpu_seconds_per_step"]["best"] / a["threads"]
+        a["cpu_read_gbps_best"] = nb / cpu / 1e9
+        a["cpu_time_over_roofline_best"] = cpu / a["roofline_seconds_per_step"]
+        g = by_key[(a["kernel"], a["threads"], "global")]["seconds_per_step"]["best"]
+        a["time_fraction_best"] = best / g
+        a["time_over_bytes_best"] = a["time_fraction_best"] / a["byte_fraction"]
+        one = by_key.get((a["kernel"], 1, a["mode"]))
+        if one is not None:
+            a["speedup_over_1_thread"] = one["seconds_per_step"]["best"] / best
+        torch_arm = by_key.get(("torch", a["threads"], a["mode"]))
+        if torch_arm is not None:
+            a["speedup_over_torch"] = torch_arm["seconds_per_step"]["best"] / best
 
 
 def run_micro(
-    cfg: MicroConfig, probe: BandwidthProbe | None = None, log: Callable[[str], None] | None = None
+    cfg: MicroConfig,
+    probe: BandwidthProbe | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Every context of ``cfg``; the bandwidth probe is sampled in the same loop."""
-    probe = probe or BandwidthProbe()
+    """Every context of ``cfg``; bandwidth is sampled in the same loop, per thread count
+    (``probe``, if given, serves as the probe of the current thread count)."""
+    before = torch.get_num_threads()
+    probes = {t: BandwidthProbe() for t in cfg.threads}
+    if probe is not None and before in probes:
+        probes[before] = probe
     rows = []
-    for context in cfg.contexts:
-        if log is not None:
-            log(f"attention micro-benchmark: context {context:,}")
-        rows.append(bench_context(cfg, context, probe))
-    bw = probe.result()
+    try:
+        for context in cfg.contexts:
+            if log is not None:
+                log(f"attention micro-benchmark: context {context:,}")
+            rows.append(bench_context(cfg, context, probes))
+    finally:
+        torch.set_num_threads(before)
+    measured = {t: p.result() for t, p in probes.items() if p.reads}
+    read_bw = {t: bw.read_best for t, bw in measured.items()}
     for row in rows:
-        for entry in row["modes"].values():
-            entry["roofline_seconds_per_layer"] = entry["bytes_per_layer"] / bw.read_best
-            entry["fraction_of_read_bandwidth"] = (
-                entry["roofline_seconds_per_layer"] / entry["seconds_per_layer"]["best"]
-            )
-    return {"config": cfg.to_dict(), "bandwidth": bw.to_dict(), "contexts": rows}
+        _derive(row, read_bw)
+    threads = sorted({a["threads"] for r in rows for a in r["arms"]})
+    kernels = sorted({a["kernel"] for r in rows for a in r["arms"]} - {"torch"})
+    return {
+        "config": cfg.to_dict(),
+        "bandwidth": {str(t): bw.to_dict() for t, bw in measured.items()},
+        "hot_cache_bytes_per_second": {
+            kn: {str(t): compute_ceiling(cfg, kn, t) for t in threads} for kn in kernels
+        },
+        "contexts": rows,
+    }

@@ -3,7 +3,8 @@
 Three parts, each in one process with its own bandwidth or baseline measured beside it:
 
 - ``micro``: one decode row's attention per mode (global, focus, local) over synthetic
-  KV at each context, against the bytes each must read and the machine's bandwidth;
+  KV at each context, per decode path (fused kernel, torch fallback) and thread count,
+  against the bytes each must read and the machine's bandwidth at that thread count;
 - ``e2e``: a forced DA transcript decoded with DA masking and with vanilla masking, on
   a KV-heavy random-weight model and on SmolLM2, against the roofline ratio;
 - ``hf``: our engine against ``transformers`` ``generate`` on SmolLM2's weights.
@@ -25,24 +26,26 @@ from typing import Any
 
 import torch
 
+from declattn.api import DEFAULT_PREFILL_CHUNK, Engine
 from declattn.bench.attn_micro import MicroConfig, run_micro
-from declattn.bench.e2e import E2EConfig, kv_heavy_config, random_model, run_e2e
+from declattn.bench.e2e import E2EConfig, engine_over, kv_heavy_config, random_model, run_e2e
 from declattn.bench.hf_compare import run_hf_compare
 from declattn.bench.machine import BandwidthProbe, machine_info
-from declattn.engine.engine import DEFAULT_PREFILL_CHUNK
 from declattn.engine.loader import LoadedModel, load_model
 from declattn.engine.registry import resolve_model
 from declattn.engine.threads import load_average
 
 PARTS = ("micro", "e2e", "hf")
-DEFAULT_CONTEXTS = (4096, 8192, 16384, 32768, 65536, 131072)
+DEFAULT_CONTEXTS = (4096, 16384, 32768)
 
 
 @dataclass(frozen=True)
 class DecodeBenchConfig:
     """What to run. On the shared 2-core EPYC at load 3-4 with one thread, the defaults
     took about 11 minutes: micro 1, e2e 1.5, and 8 for the comparison with
-    ``transformers`` (both prefill 16K tokens); ``hf_contexts=(4096,)`` saves 7."""
+    ``transformers`` (both prefill 16K tokens); ``hf_contexts=(4096,)`` saves 7. The micro
+    part in Qwen2.5-0.5B's shape (24 layers, both decode paths, 1 and 2 threads) took 7
+    minutes at load 7-14 (2 of CPU), most of it the torch fallback's arms."""
 
     contexts: tuple[int, ...] = DEFAULT_CONTEXTS
     e2e_contexts: tuple[int, ...] = (16384, 65536)
@@ -51,7 +54,8 @@ class DecodeBenchConfig:
     output_tokens: int = 160
     hf_new_tokens: int = 32
     repeats: int = 7
-    micro_layers: int = 4
+    micro_layers: int = 24
+    micro_threads: tuple[int, ...] = (1, 2)
     model: str = "smollm2-135m"
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     parts: tuple[str, ...] = PARTS
@@ -69,6 +73,7 @@ class DecodeBenchConfig:
             hf_new_tokens=4,
             repeats=2,
             micro_layers=2,
+            micro_threads=(1,),
             quick=True,
         )
         return dataclasses.replace(base, **overrides)
@@ -127,7 +132,12 @@ def run_decode_bench(
 
     if "micro" in cfg.parts:
         say.mark("micro", "start")
-        micro = MicroConfig(contexts=cfg.contexts, repeats=cfg.repeats, n_layers=cfg.micro_layers)
+        micro = MicroConfig(
+            contexts=cfg.contexts,
+            repeats=cfg.repeats,
+            n_layers=cfg.micro_layers,
+            threads=cfg.micro_threads,
+        )
         result["micro"] = run_micro(micro, probe, say)
         say.mark("micro", "end")
     if "e2e" in cfg.parts:
@@ -139,12 +149,13 @@ def run_decode_bench(
         heavy = random_model(heavy_cfg, torch.bfloat16)
         for n in cfg.e2e_contexts:
             e2e = E2EConfig(n, cfg.output_tokens, prefill_chunk=cfg.prefill_chunk)
-            rows.append(run_e2e("kv-heavy (random weights)", heavy, lm.tokenizer, e2e, say))
+            rows.append(run_e2e("kv-heavy (random weights)", engine_over(heavy, lm.tokenizer),
+                                e2e, say))
         del heavy
         for n in cfg.smol_e2e_contexts:
             extended = extend_positions(lm, n + cfg.output_tokens + 4096)
             e2e = E2EConfig(n, cfg.output_tokens, prefill_chunk=cfg.prefill_chunk)
-            row = run_e2e(cfg.model, lm.model, lm.tokenizer, e2e, say)
+            row = run_e2e(cfg.model, Engine(lm), e2e, say)
             row["beyond_trained_length"] = extended
             rows.append(row)
         result["e2e"] = {

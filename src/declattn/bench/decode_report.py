@@ -23,31 +23,47 @@ def machine_line(result: dict[str, Any]) -> str:
 
 def micro_table(micro: dict[str, Any]) -> Table:
     c = micro["config"]
-    bw = micro["bandwidth"]
+    bws = ", ".join(
+        f"{t} thread{'s' if t != '1' else ''} {bw['read_best'] / 1e9:.1f}"
+        for t, bw in micro["bandwidth"].items()
+    )
+    hot = "; ".join(
+        f"{kn} hot in cache: "
+        + ", ".join(f"{t} thr {v / 1e9:.1f}" for t, v in per.items())
+        for kn, per in micro.get("hot_cache_bytes_per_second", {}).items()
+    )
     t = Table(
         title=(
-            f"decode attention, {c['n_heads']}q/{c['n_kv_heads']}kv heads x {c['head_dim']}, "
-            f"{c['dtype']}, {c['n_layers']} layers; bandwidth: read {bw['read_best'] / 1e9:.1f} "
-            f"GB/s, copy {bw['copy_best'] / 1e9:.1f} GB/s (read + write)"
+            f"decode attention per step: {c['n_layers']} layers of {c['n_heads']}q/"
+            f"{c['n_kv_heads']}kv heads x {c['head_dim']}, {c['dtype']}; read bandwidth "
+            f"(GB/s, same run): {bws}" + (f"; {hot}" if hot else "")
         )
     )
-    for col in ("context", "mode", "blocks", "MiB/layer", "ms best", "ms median",
-                "roofline ms", "bytes frac", "time frac", "time/bytes", "cpu/bytes"):
+    for col in ("context", "mode", "kernel", "threads", "blocks", "MiB/step", "ms best",
+                "ms median", "cpu ms", "GB/s", "cpu GB/s", "roofline ms", "time/roofline",
+                "cpu/roofline", "time/bytes", "x 1 thread", "x torch"):
         t.add_column(col, justify="right")
     for row in micro["contexts"]:
-        for mode, e in row["modes"].items():
+        for a in row["arms"]:
             t.add_row(
                 f"{row['context']:,}",
-                mode,
-                str(e["blocks"]),
-                f"{e['bytes_per_layer'] / 2**20:.1f}",
-                _ms(e["seconds_per_layer"]["best"]),
-                _ms(e["seconds_per_layer"]["median"]),
-                _ms(e["roofline_seconds_per_layer"]),
-                f"{e['byte_fraction']:.3f}",
-                f"{e['time_fraction_best']:.3f}",
-                "" if mode == "global" else f"{e['time_over_bytes_best']:.2f}",
-                "" if mode == "global" else f"{e['cpu_time_over_bytes_best']:.2f}",
+                a["mode"],
+                a["kernel"],
+                str(a["threads"]),
+                str(row["blocks"][a["mode"]]),
+                f"{a['bytes_per_step'] / 2**20:.1f}",
+                _ms(a["seconds_per_step"]["best"]),
+                _ms(a["seconds_per_step"]["median"]),
+                _ms(a["cpu_seconds_per_step"]["best"]),
+                f"{a['read_gbps_best']:.1f}",
+                f"{a['cpu_read_gbps_best']:.1f}",
+                _ms(a["roofline_seconds_per_step"]),
+                f"{a['time_over_roofline_best']:.2f}",
+                f"{a['cpu_time_over_roofline_best']:.2f}",
+                "" if a["mode"] == "global" else f"{a['time_over_bytes_best']:.2f}",
+                f"{a['speedup_over_1_thread']:.2f}" if "speedup_over_1_thread" in a else "",
+                f"{a['speedup_over_torch']:.1f}" if a["kernel"] != "torch"
+                and "speedup_over_torch" in a else "",
             )
     return t
 

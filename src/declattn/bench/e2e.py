@@ -16,37 +16,20 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from declattn.bench.transcript import QUESTION, fact_chunk, forced_transcript, planted_document
-from declattn.engine.engine import DEFAULT_PREFILL_CHUNK, PagedEngine, Sequence_
+from declattn.api import DEFAULT_PREFILL_CHUNK, Engine
+from declattn.bench.transcript import QUESTION, fact_chunk, forced_transcript, repeated_essay
+from declattn.engine.controller import Forced
+from declattn.engine.loader import LoadedModel
 from declattn.engine.models import Decoder, ModelConfig
+from declattn.engine.request import Request
 from declattn.engine.sampler import SamplingParams
 from declattn.session import DAOptions, DASession
-
-
-class ForcedController:
-    """Wraps a session and forces the given output tokens through ``process_logits``."""
-
-    def __init__(self, session: DASession, tokens: list[int]) -> None:
-        self.session = session
-        self.tokens = tokens
-        self.n = 0
-
-    def view(self, length: int):
-        return self.session.view(length)
-
-    def process_logits(self, logits: Tensor) -> Tensor:
-        forced = torch.full_like(logits, float("-inf"))
-        forced[self.tokens[self.n]] = 0.0
-        self.n += 1
-        return forced
-
-    def on_token(self, token_id: int, text: str) -> str | None:
-        return self.session.on_token(token_id, text)
 
 
 def kv_heavy_config(
@@ -106,14 +89,14 @@ class E2EConfig:
 @dataclass
 class _Arm:
     name: str
-    engine: PagedEngine
+    engine: Engine
     session: DASession
-    seq: Sequence_
+    seq: Request
     times: list[float]
     cpu: list[float]
 
 
-def _null_attention_step(model: Decoder, position: int, reps: int = 5) -> float:
+def null_attention_step(model: Decoder, position: int, reps: int = 5) -> float:
     """Median seconds of one decode step's model work without attention (q returned)."""
 
     def null(layer: int, q: Tensor, k: Tensor, v: Tensor, *, scale: float, window: int | None):
@@ -131,13 +114,13 @@ def _null_attention_step(model: Decoder, position: int, reps: int = 5) -> float:
 
 def run_e2e(
     name: str,
-    model: Decoder,
-    tokenizer: Any,
+    engine: Engine,
     cfg: E2EConfig,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Decode the forced transcript with DA and with vanilla masking; see module doc."""
-    text = planted_document(tokenizer, cfg.context_tokens)
+    model, tokenizer = engine.loaded.model, engine.tokenizer
+    text = repeated_essay(tokenizer, cfg.context_tokens)
     base = DAOptions(constrain=False, runaway=False)
     sessions = {
         "da": DASession(tokenizer, text, QUESTION, base, cfg.block_size),
@@ -163,17 +146,16 @@ def run_e2e(
         log(f"{name}: prompt {len(prompt):,} tokens, {n_chunks} chunks, output {len(tokens)}")
     arms: list[_Arm] = []
     for arm_name, sess in sessions.items():
-        eng = PagedEngine(
-            model,
-            tokenizer,
-            num_blocks=-(-total // cfg.block_size) + 2,
+        eng = Engine(
+            engine.loaded,
+            kv_tokens=total + 2 * cfg.block_size,
             block_size=cfg.block_size,
             prefill_chunk=cfg.prefill_chunk,
         )
         params = SamplingParams(max_tokens=len(tokens), ignore_eos=True)
-        seq = eng.add(prompt, params, ForcedController(sess, tokens))
+        seq = eng.add(Forced(sess, tokens), params)
         eng.prefill_synthetic(seq, generator=torch.Generator().manual_seed(cfg.seed))
-        while seq in eng.waiting:
+        while seq.prefilled < len(seq.prompt_ids):
             eng.step()
         arms.append(_Arm(arm_name, eng, sess, seq, [], []))
     i = 0
@@ -210,7 +192,7 @@ def run_e2e(
     da_s, van_s = sum(da.times), sum(van.times)
     predicted = (steps * w + sum(kv["da"])) / (steps * w + sum(kv["vanilla"]))
     final_len = len(prompt) + len(tokens) - 1
-    null_step = _null_attention_step(model, final_len)
+    null_step = null_attention_step(model, final_len)
     tail = van.times[-max(1, min(10, steps)) :]
     vanilla_last = statistics.median(tail)
     return {
@@ -224,7 +206,7 @@ def run_e2e(
         "focus": list(focus),
         "kv_prefill": "synthetic (all prompt positions but the last)",
         "weight_bytes_per_step": w,
-        "kv_bytes_per_token_all_layers": da.engine.cache.config.bytes_per_token
+        "kv_bytes_per_token_all_layers": da.engine.pool.bytes_per_token
         * model.config.num_layers,
         "da_decode_seconds": da_s,
         "vanilla_decode_seconds": van_s,
@@ -244,3 +226,9 @@ def run_e2e(
         "modes": modes,
         "saving": da.session.accounting.totals()["physical_saving"],
     }
+
+
+def engine_over(model: Decoder, tokenizer: Any) -> Engine:
+    """The facade over a model built in memory (the random KV-heavy one)."""
+    return Engine(LoadedModel(model, model.config, tokenizer, Path("<random weights>")))
+

@@ -16,15 +16,16 @@ from typing import Any
 
 import torch
 
-from declattn.bench.transcript import planted_document
-from declattn.engine.engine import PagedEngine
+from declattn.api import Engine
+from declattn.bench.transcript import repeated_essay
+from declattn.engine.controller import Controller
 from declattn.engine.loader import LoadedModel
 from declattn.engine.sampler import SamplingParams
 
 
 def prompt_tokens(tokenizer: Any, n: int) -> list[int]:
     """Exactly ``n`` tokens of the planted-fact document."""
-    ids = tokenizer.encode(planted_document(tokenizer, n + 64), add_special_tokens=False)
+    ids = tokenizer.encode(repeated_essay(tokenizer, n + 64), add_special_tokens=False)
     if len(ids) < n:
         ids = (ids * (n // max(1, len(ids)) + 1))[:n]
     return ids[:n]
@@ -46,14 +47,12 @@ def ours(loaded: LoadedModel, ids: list[int], new_tokens: int, prefill_chunk: in
     """Plain greedy decoding on the paged engine (no DA: every block is read)."""
     cfg = loaded.config
     total = len(ids) + new_tokens
-    eng = PagedEngine(
-        loaded.model, loaded.tokenizer, num_blocks=-(-total // 16) + 2, prefill_chunk=prefill_chunk
-    )
-    seq = eng.add(ids, SamplingParams(max_tokens=new_tokens, ignore_eos=True))
+    eng = Engine(loaded, kv_tokens=total + 32, prefill_chunk=prefill_chunk)
     if cfg.max_position_embeddings < total:
         raise ValueError(f"{total} positions exceed the model's {cfg.max_position_embeddings}")
+    seq = eng.add(Controller(ids), SamplingParams(max_tokens=new_tokens, ignore_eos=True))
     t0 = time.perf_counter()
-    while seq in eng.waiting:
+    while seq.prefilled < len(ids):
         eng.step()
     prefill = time.perf_counter() - t0
     gaps = []

@@ -13,11 +13,10 @@ import importlib.resources
 import importlib.util
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from declattn.protocol.segment import segment
+from declattn.protocol.segment import segment, token_counter
 
 SAMPLE = "sample_essay.txt"
 
@@ -25,19 +24,6 @@ SAMPLE = "sample_essay.txt"
 def sample_text() -> str:
     """The bundled English essay: ordinary prose with paragraphs, written for this project."""
     return importlib.resources.files("declattn").joinpath("data", SAMPLE).read_text("utf-8")
-
-
-def token_counter(tokenizer: Any) -> Callable[[str], int]:
-    """A ``count_tokens`` for a Hugging Face tokenizer or a raw ``tokenizers.Tokenizer``.
-
-    Special tokens are left out: a chunk is counted as the text it adds to a prompt.
-    """
-
-    def count(text: str) -> int:
-        encoded = tokenizer.encode(text, add_special_tokens=False)
-        return len(encoded.ids if hasattr(encoded, "ids") else encoded)
-
-    return count
 
 
 def bench_segment(

@@ -15,6 +15,7 @@ from typing import Any
 
 from declattn.bench.segment import sample_text
 from declattn.protocol.modes import Mode
+from declattn.protocol.segment import token_counter
 from declattn.protocol.tags import TagReader
 
 FACT = "The keeper's logbook says that the vault code of the north tower is 4721."
@@ -32,22 +33,19 @@ _FILLER = (
 )
 
 
-def _count(tokenizer: Any, text: str) -> int:
-    return len(tokenizer.encode(text, add_special_tokens=False))
-
-
-def planted_document(tokenizer: Any, n_tokens: int, depth: float = 0.6) -> str:
+def repeated_essay(tokenizer: Any, n_tokens: int, depth: float = 0.6) -> str:
     """The bundled essay repeated to about ``n_tokens`` tokens, with ``FACT`` planted as
     its own paragraph at ``depth`` (0 = start, 1 = end) of the text."""
     if not 0.0 <= depth <= 1.0:
         raise ValueError("depth must be in [0, 1]")
     unit = sample_text().rstrip("\n") + "\n\n"
-    reps = max(1, -(-n_tokens // max(1, _count(tokenizer, unit))))
+    count = token_counter(tokenizer)
+    reps = max(1, -(-n_tokens // max(1, count(unit))))
     paragraphs = (unit * reps).split("\n\n")
     paragraphs = [p for p in paragraphs if p.strip()]
     # Trim to the budget by characters, a cheap proxy (the essay is plain prose).
     total_chars = sum(len(p) + 2 for p in paragraphs)
-    budget = total_chars * n_tokens / max(1, _count(tokenizer, "\n\n".join(paragraphs)))
+    budget = total_chars * n_tokens / max(1, count("\n\n".join(paragraphs)))
     kept, used = [], 0
     for p in paragraphs:
         if used + len(p) + 2 > budget and kept:
@@ -79,11 +77,11 @@ class Mix:
 def _section(tokenizer: Any, lead: str, n_tokens: int, salt: int) -> str:
     """``lead`` then filler, cut to about ``n_tokens`` tokens (never less than the lead)."""
     text, i = lead, salt
-    while _count(tokenizer, text) < n_tokens:
+    while token_counter(tokenizer)(text) < n_tokens:
         text += _FILLER[i % len(_FILLER)]
         i += 1
     ids = tokenizer.encode(text, add_special_tokens=False)
-    keep = max(n_tokens, _count(tokenizer, lead))
+    keep = max(n_tokens, token_counter(tokenizer)(lead))
     return tokenizer.decode(ids[:keep]).strip()
 
 

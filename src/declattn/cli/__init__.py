@@ -8,7 +8,9 @@ from collections.abc import Sequence
 
 from declattn.cli import (
     bench_cmd,
+    chat_cmd,
     demo_cmd,
+    doctor_cmd,
     eval_cmd,
     models_cmd,
     prompt_cmd,
@@ -25,6 +27,7 @@ _COMMANDS = (
     prompt_cmd,
     replay_cmd,
     run_cmd,
+    chat_cmd,
     bench_cmd,
     demo_cmd,
     show_cmd,
@@ -33,6 +36,7 @@ _COMMANDS = (
     eval_cmd,
     roofline_cmd,
     train_cmd,
+    doctor_cmd,
 )
 
 

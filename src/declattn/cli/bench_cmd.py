@@ -6,7 +6,7 @@ import argparse
 import json
 from typing import Any
 
-from declattn.cli.common import UserError, console, user_errors
+from declattn.cli.common import UserError, add_model_arg, console, user_errors
 
 
 def add_parser(sub: Any) -> None:
@@ -23,7 +23,7 @@ def add_parser(sub: Any) -> None:
         "and against transformers",
     )
     dec.add_argument("--contexts", type=_ints, default=None,
-                     help="micro-benchmark contexts, comma separated (default 4096..131072)")
+                     help="micro-benchmark contexts, comma separated (default 4096,16384,32768)")
     dec.add_argument("--e2e-contexts", type=_ints, default=None,
                      help="end-to-end contexts for the KV-heavy model (default 16384,65536)")
     dec.add_argument("--smol-e2e-contexts", type=_ints, default=None,
@@ -52,6 +52,47 @@ def add_parser(sub: Any) -> None:
     vl.add_argument("--json", action="store_true")
     vl.add_argument("--out", default="out/bench", help="directory for the JSON")
     vl.set_defaults(func=run_vllm)
+    ru = bsub.add_parser(
+        "reuse",
+        help="many questions over one document: prefilled once (prefix cache) against "
+        "independent requests, side by side; --server also through the HTTP server",
+    )
+    add_model_arg(ru, default="qwen2.5-0.5b")
+    ru.add_argument("--tokens", type=int, default=16_000, help="document tokens")
+    ru.add_argument("--questions", type=int, default=5)
+    ru.add_argument("--independent", type=int, default=2,
+                    help="how many of the questions also run as independent requests")
+    ru.add_argument("--max-tokens", type=int, default=96)
+    ru.add_argument("--seed", type=int, default=0)
+    ru.add_argument("--server", action="store_true", help="repeat through the server")
+    ru.add_argument("--threads", type=int, default=None)
+    ru.add_argument("--out", default="out/bench", help="directory for the JSON")
+    ru.set_defaults(func=run_reuse)
+    so = bsub.add_parser(
+        "serve",
+        help="soak a real server on loopback with mixed, partly hostile traffic (bounded)",
+    )
+    add_model_arg(so, default="smollm2-135m")
+    so.add_argument("--seconds", type=float, default=300.0)
+    so.add_argument("--max-requests", type=int, default=2000)
+    so.add_argument("--clients", type=int, default=6)
+    so.add_argument("--kv-blocks", type=int, default=512)
+    so.add_argument("--seed", type=int, default=0)
+    so.add_argument("--out", default="out/bench", help="directory for the JSON")
+    so.set_defaults(func=run_soak)
+    pe = bsub.add_parser(
+        "peers", help="declattn against llama.cpp on the same GGUF: prefill, decode, bytes"
+    )
+    from declattn.bench.peers_report import add_arguments
+
+    add_arguments(pe, _ints)
+    pe.set_defaults(func=run_peers)
+    we = bsub.add_parser(
+        "weights", help="accuracy of packed GGUF weights against the file dequantised to fp32"
+    )
+    add_model_arg(we, default="qwen2.5-0.5b")
+    we.add_argument("--steps", type=int, default=24, help="greedy tokens per prompt")
+    we.set_defaults(func=run_weights)
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -156,3 +197,101 @@ def run_vllm(args: argparse.Namespace) -> int:
         f"{result['blocks_ratio']:.2f}x); {result['machine']}, {result['date']}\nwrote {path}"
     )
     return 0
+
+
+def run_weights(args: argparse.Namespace) -> int:
+    from declattn.bench.quant_accuracy import markdown, measure
+    from declattn.engine.threads import use_threads
+
+    use_threads(1)
+    with user_errors():
+        console().print(markdown(measure(args.model, steps=args.steps)))
+    return 0
+
+
+def run_peers(args: argparse.Namespace) -> int:
+    from declattn.bench.peers_report import run
+
+    with user_errors():
+        return run(args)
+
+
+def run_reuse(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from declattn.api import Engine
+    from declattn.bench.machine import machine_info
+    from declattn.bench.reuse import ReuseConfig
+    from declattn.bench.reuse import run_reuse as bench
+    from declattn.engine.threads import use_threads
+
+    if args.questions < 1 or not 0 <= args.independent <= args.questions:
+        raise UserError("--questions must be >= 1 and --independent in [0, --questions]")
+    threads = use_threads(args.threads)
+    cfg = ReuseConfig(args.tokens, args.questions, args.independent, args.max_tokens,
+                      args.seed, args.server)
+    err = console(stderr=True)
+    with user_errors():
+        engine = Engine.from_pretrained(args.model)
+        result = bench(engine, cfg, log=lambda msg: err.print(f"[dim]{msg}[/dim]"))
+    result["machine"] = machine_info() | {"torch_threads": threads}
+    result["model"] = args.model
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "reuse.json"
+    path.write_text(json.dumps(result, indent=1))
+    con = console()
+    for part in ("engine", "server"):
+        if part in result:
+            con.print(_reuse_table(part, result[part]))
+    con.print(f"wrote {path}")
+    return 0
+
+
+def _reuse_table(part: str, r: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"{part}: questions over one document")
+    for col in ("question", "TTFT s", "wall s", "cached / prompt tokens", "correct"):
+        t.add_column(col, justify="right")
+    for kind in ("session", "independent"):
+        for i, a in enumerate(r[kind], 1):
+            t.add_row(f"{kind} {i}", f"{a['ttft_seconds']:.1f}", f"{a['wall_seconds']:.1f}",
+                      f"{a['cached_tokens']:,} / {a['prompt_tokens']:,}",
+                      "yes" if a["correct"] else "no")
+    later = r.get("ttft_later_over_first_max")
+    ratio = r.get("session_over_independent")
+    t.caption = (
+        (f"TTFT of later questions / first: at most {later:.3f}; " if later is not None else "")
+        + (f"session / independent requests: {ratio:.3f} (independent: mean of "
+           f"{r['independent_measured']} measured)" if ratio is not None else "")
+    )
+    return t
+
+
+def run_soak(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from declattn.bench.machine import machine_info
+    from declattn.bench.soak import SoakConfig, write_report
+    from declattn.bench.soak import run_soak as soak
+
+    if args.seconds <= 0 or args.max_requests < 1 or args.clients < 1:
+        raise UserError("--seconds, --max-requests and --clients must be positive")
+    cfg = SoakConfig(args.model, args.seconds, args.max_requests, args.clients, args.kv_blocks,
+                     args.seed)
+    err = console(stderr=True)
+    result = soak(cfg, log=lambda m: err.print(f"[dim]{m}[/dim]"))
+    result["machine"] = machine_info()
+    path = write_report(result, Path(args.out))
+    keys = ("requests", "served_2xx", "client_4xx", "server_5xx", "short_p50_seconds",
+            "short_p95_seconds", "short_p50_during_long_seconds",
+            "short_p95_during_long_seconds", "blocks_in_use_at_end", "preemptions",
+            "server_rss_mb_before", "server_rss_mb_after")
+    con = console()
+    for k in keys:
+        v = result[k]
+        con.print(f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: {v}")
+    con.print(f"wrote {path}")
+    return 0 if result["server_5xx"] == 0 and result["blocks_in_use_at_end"] == 0 else 1
+

@@ -49,8 +49,8 @@ def user_errors() -> Iterator[None]:
     """Library errors a user can cause become ``UserError``s with the library's message."""
     from declattn.engine.loader import LoadError
     from declattn.engine.models import ConfigError
-    from declattn.protocol.prompt import NoChatTemplateError
     from declattn.protocol.segment import SegmentError
+    from declattn.protocol.template import NoChatTemplateError
 
     try:
         yield
@@ -68,3 +68,40 @@ def add_model_arg(parser: Any, flag: str = "--model", default: str | None = None
         help=f"a shipped model name ({', '.join(MODELS)}), a GGUF file or a "
         "Hugging Face model directory",
     )
+
+
+def add_dtype_arg(parser: Any, extra: tuple[str, ...] = ()) -> None:
+    """``--dtype``: ``auto`` keeps a GGUF's own quantization on a CPU; a dtype loads dense."""
+    parser.add_argument(
+        "--dtype",
+        choices=["auto", "bf16", "fp32", *extra],
+        default="auto",
+        help="weights: auto (default) packs a GGUF's matrices from its own 4-bit/8-bit "
+        "blocks, bf16 activations; a dtype loads every weight dense in it",
+    )
+
+
+def add_focus_args(parser: Any) -> None:
+    """``--focus`` and ``--index``: how a DA request is taught to focus."""
+    parser.add_argument(
+        "--focus", choices=["ids", "find", "both"], default=None,
+        help='what the instruction teaches: ids (magic_chunks="K", a global survey first), '
+        'find (<focus find="WORDS">: the engine looks the words up) or both; default: '
+        "the model's own",
+    )
+    parser.add_argument(
+        "--index", type=int, default=0, metavar="TOKENS",
+        help="with --focus find/both: an in-context index of the chunks in the instruction, "
+        "within this many tokens (0: none)",
+    )
+
+
+def focus_options(options: Any, args: Any) -> Any:
+    """``options`` with ``--focus``/``--index`` applied (``DAOptions``)."""
+    import dataclasses
+
+    if args.index < 0:
+        raise UserError("--index must be >= 0")
+    focus = args.focus or options.focus
+    return dataclasses.replace(options, focus=focus, index=args.index)
+

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from declattn.cli.common import UserError, console, user_errors
+from declattn.cli.common import (
+    UserError,
+    add_dtype_arg,
+    add_focus_args,
+    console,
+    focus_options,
+    user_errors,
+)
 from declattn.protocol.instruction import BRIEF_INSTRUCTION
 
 
@@ -31,15 +38,17 @@ def add_parser(sub: Any) -> None:
         help="about how long the essay document is (chat models)",
     )
     p.add_argument("--chunks", type=int, default=16, help="chunks of the generated document")
+    add_dtype_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--out", default="out/demo", help="where the record and pictures go")
+    add_focus_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from declattn.api import Engine
-    from declattn.cli.run_cmd import _report, _run_arm
+    from declattn.cli.answering import report_answers, stream_arm
     from declattn.engine.threads import use_threads
     from declattn.show import write_show
 
@@ -48,59 +57,100 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with user_errors():
         with out.status(f"loading {args.model}"):
-            engine = Engine.from_pretrained(args.model)
+            engine = Engine.from_pretrained(args.model, dtype=args.dtype)
         tiny = engine.da_defaults.instruction == BRIEF_INSTRUCTION  # trained to declare
         doc = _tiny_document(args) if tiny else _essay_document(engine, args)
-        out.print(f"{doc.description}\nquestion: {doc.question}")
+        out.print(f"{doc.description}\nquestion: {doc.questions[0].question}")
         folder = Path(args.out)
         folder.mkdir(parents=True, exist_ok=True)
-        ns = argparse.Namespace(
-            model=args.model,
-            max_tokens=args.max_tokens,
-            line_start=False,
-            json=False,
-            save=str(folder / "record.json"),
-        )
-        answers = {"da": _run_arm(engine, "da", doc.text, doc.question, ns, out)}
-    _report(answers, ns, out, doc.question)
-    da = answers["da"]
-    chunks = sorted({c.id for c in da.session.chunks for a in doc.facts if c.start <= a < c.end})
-    focused = sorted({i for d in da.declarations if d.accepted for i in d.focus_ids})
-    files = write_show(ns.save, folder)
-    correct = doc.expected.lower() in (da.answer or "").lower()
-    out.print(
-        f"expected answer: {doc.expected!r}; correct: {'yes' if correct else 'no'}; "
-        f"the facts sit in chunk(s) {chunks}; chunks focused: {focused or 'none'}"
-    )
-    out.print(
-        f"[bold]saving: {da.stats.saving:.1%} of vanilla's attended tokens "
-        f"({da.stats.physical_saving:.1%} of KV blocks read)[/]"
-    )
+        ns = argparse.Namespace(model=args.model, max_tokens=args.max_tokens, json=False)
+        document = engine.open(doc.text, focus_options(engine.da_defaults, args))
+        answers = []
+        for i, q in enumerate(doc.questions):
+            if i:
+                out.rule(f"a second question over the same document: {q.question}")
+            t = time.perf_counter()
+            ans = stream_arm(document, "da", q.question, ns, out)
+            save = str(folder / ("record.json" if i == 0 else f"record.q{i + 1}.json"))
+            report_answers({"da": ans}, ns, out, q.question, save, _evidence(ans, q))
+            answers.append((q, ans, save, time.perf_counter() - t))
+    files = write_show(answers[0][2], folder)
+    for i, (q, ans, _, wall) in enumerate(answers, 1):
+        _summarise(out, i, q, ans, wall)
     out.print(f"picture: {files.png}\npage: {files.html}")
     out.print(f"[dim]total {time.perf_counter() - t0:.0f} s[/]")
     return 0
 
 
+def _evidence(ans: Any, q: DemoQuestion) -> list[int]:
+    """The chunks that hold the question's facts (none for an answer that ran vanilla)."""
+    from declattn.session import DASession
+
+    chunks = ans.session.chunks if isinstance(ans.session, DASession) else []
+    return sorted({c.id for c in chunks for a in q.facts if c.start <= a < c.end})
+
+
+def _summarise(out: Any, i: int, q: DemoQuestion, ans: Any, wall: float) -> None:
+    """Was it right, was the focus on the fact, what did it save, what did it cost."""
+    chunks = _evidence(ans, q)
+    focused = sorted({n for d in ans.declarations if d.accepted for n in d.focus_ids})
+    correct = q.expected.lower() in (ans.answer or "").lower()
+    held = "yes" if focused and set(focused) & set(chunks) else "no"
+    s = ans.stats
+    out.print(
+        f"[bold]question {i}[/]: expected {q.expected!r}; correct: {'yes' if correct else 'no'}; "
+        f"fact in chunk(s) {chunks}; focused {focused or 'none'} (held the fact: {held}); "
+        f"[bold]saving {s.saving:.1%}[/] of vanilla's attended tokens "
+        f"({s.physical_saving:.1%} of KV blocks read); answered in {wall:.1f} s "
+        f"(prefill {s.prefill_seconds:.1f} s, {s.cached_tokens:,} of {s.prompt_tokens:,} "
+        "prompt tokens from the prefix cache)"
+    )
+
+
 @dataclass(frozen=True)
-class DemoDocument:
-    text: str
+class DemoQuestion:
     question: str
     expected: str
     facts: tuple[int, ...]  # character offsets of the facts the answer needs
+
+
+@dataclass(frozen=True)
+class DemoDocument:
+    text: str
+    questions: tuple[DemoQuestion, ...]
     description: str
 
 
 def _essay_document(engine: Any, args: argparse.Namespace) -> DemoDocument:
-    from declattn.corpus import planted_document, planted_fact
-    from declattn.session import token_counter
+    from declattn.eval.corpus import planted_document, planted_fact
+    from declattn.protocol.segment import token_counter
 
     fact, question, expected = planted_fact(args.seed)
-    doc = planted_document(token_counter(engine.tokenizer), args.tokens, fact, args.seed)
-    return DemoDocument(
-        doc.text, question, expected, (doc.fact_start,),
-        f"document: {len(doc.text):,} characters of essay prose, one planted fact at "
-        f"character {doc.fact_start:,}: [italic]{fact}[/]",
+    second = _other_fact(args.seed, fact)
+    doc = planted_document(
+        token_counter(engine.tokenizer), args.tokens, fact, args.seed, more_facts=[second[0]]
     )
+    return DemoDocument(
+        doc.text,
+        (
+            DemoQuestion(question, expected, (doc.fact_start,)),
+            DemoQuestion(second[1], second[2], (doc.others[0][0],)),
+        ),
+        f"document: {len(doc.text):,} characters of essay prose, two planted facts, at "
+        f"characters {doc.fact_start:,} and {doc.others[0][0]:,}: [italic]{fact}[/] and "
+        f"[italic]{second[0]}[/]",
+    )
+
+
+def _other_fact(seed: int, fact: str) -> tuple[str, str, str]:
+    """A second invented fact of another kind than the first (the next seed that differs)."""
+    from declattn.eval.corpus import planted_fact
+
+    for other in range(seed + 1, seed + 100):
+        found = planted_fact(other)
+        if found[0].split()[:3] != fact.split()[:3]:
+            return found
+    raise AssertionError("planted_fact has a single kind")
 
 
 def _tiny_document(args: argparse.Namespace) -> DemoDocument:
@@ -120,7 +170,7 @@ def _tiny_document(args: argparse.Namespace) -> DemoDocument:
         at += len(para) + 2
     facts = ", ".join(f"{f.key} -> {f.value} (paragraph {f.chunk})" for f in e.hops)
     return DemoDocument(
-        e.context, e.question, e.answer, tuple(starts),
+        e.context, (DemoQuestion(e.question, e.answer, tuple(starts)),),
         f"document: {args.chunks} generated paragraphs of key -> value facts; "
         f"the answer needs: [italic]{facts}[/]",
     )

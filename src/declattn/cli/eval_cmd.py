@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from declattn.cli.common import UserError, add_model_arg, console, user_errors
+from declattn.cli.common import UserError, add_dtype_arg, add_model_arg, console, user_errors
 
 
 def add_parser(sub: Any) -> None:
@@ -33,7 +33,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--arms",
         default="all",
-        help="comma list of vanilla, da-nm, da, da-constrained, streaming, quest; or all",
+        help="comma list of vanilla, da-nm, da, da-constrained, da-find, "
+        "da-find-constrained, da-find-index, streaming, quest; or all",
+    )
+    p.add_argument(
+        "--budget-arm", default="da",
+        help="the DA arm whose mean blocks per step the streaming and quest arms read",
     )
     p.add_argument("--samples", type=int, default=5, help="samples per task and length")
     p.add_argument("--seed", type=int, default=0, help="seed of sample 0 (sample i: seed + i)")
@@ -41,7 +46,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=192)
     p.add_argument("--chunk-target", type=int, default=2048, help="magic chunk size (tokens)")
     p.add_argument("--chunk-cap", type=int, default=2560)
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default=None)
+    add_dtype_arg(p)
     p.add_argument("--judge-url", help="OpenAI-compatible base URL of an LLM judge (off if unset)")
     p.add_argument("--judge-model", help="the judge's model name")
     p.add_argument(
@@ -54,6 +59,20 @@ def add_parser(sub: Any) -> None:
         help="torch threads (default: one per idle core; a shared CPU thrashes otherwise)",
     )
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument(
+        "--no-prefix-cache", action="store_true",
+        help="prefill every arm's prompt anew (by default arms over one prompt reuse its KV)",
+    )
+    p.add_argument(
+        "--backend", choices=["engine", "vllm"], default="engine",
+        help="engine: ours; vllm: the arms through vLLM 0.32 with the DA plugin, batched, "
+        "prefix caching on (docs/vllm.md)",
+    )
+    p.add_argument(
+        "--vllm-arg", action="append", default=[], metavar="KEY=VALUE",
+        help="with --backend vllm: a vllm.LLM keyword argument, VALUE read as JSON when it "
+        "parses (e.g. tensor_parallel_size=2); repeatable",
+    )
     p.set_defaults(func=run)
 
 
@@ -74,13 +93,16 @@ def parse_lengths(spec: str) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     from declattn.eval.arms import ArmSettings, parse_arms
-    from declattn.eval.tasks import resolve_tasks
+    from declattn.eval.tasks import resolve_tasks, turns_of
 
     try:
         tasks = resolve_tasks(args.tasks)
-        arms = parse_arms(args.arms)
+        arms = parse_arms(args.arms, args.budget_arm)
     except ValueError as e:
         raise UserError(str(e)) from e
+    if args.backend == "vllm" and any(turns_of(t) for t in tasks):
+        raise UserError("the agentic task runs on --backend engine only (its conversations "
+                        "run turn by turn)")
     lengths = parse_lengths(args.lengths)
     if args.samples < 1:
         raise UserError("--samples must be at least 1")
@@ -103,17 +125,27 @@ def run(args: argparse.Namespace) -> int:
         arms=arms,
         samples=args.samples,
         seed=args.seed,
-        settings=ArmSettings(args.max_tokens, args.chunk_target, args.chunk_cap),
+        settings=ArmSettings(
+            args.max_tokens, args.chunk_target, args.chunk_cap, budget_arm=args.budget_arm
+        ),
     )
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     con = console()
     with user_errors():
+        if args.backend == "vllm":
+            from declattn.vllm.eval_backend import run_cli
+
+            rows = run_cli(spec, out_dir, args, judge, con, _machine())
+            _report(rows, out_dir, args, con)
+            return 0
         from declattn.api import Engine
 
         def load() -> Any:
             with con.status(f"loading {args.model}"):
-                return Engine.from_pretrained(args.model, dtype=args.dtype)
+                return Engine.from_pretrained(
+                    args.model, dtype=args.dtype, prefix_caching=not args.no_prefix_cache
+                )
 
         rows = _run_with_progress(_Lazy(load), spec, out_dir, judge, con)
     _report(rows, out_dir, args, con)
@@ -200,12 +232,15 @@ def _run_with_progress(engine: Any, spec: Any, out_dir: Path, judge: Any, con: A
 
 
 def _report(rows: list, out_dir: Path, args: argparse.Namespace, con: Any) -> None:
-    from declattn.eval.report import markdown_table, summary_json, summary_table
+    from declattn.eval.report import markdown_table, summary_json, summary_table, turn_table
 
     table = summary_table(rows, title=f"declattn eval: {args.model}", compact=True)
     # Piped output defaults to 80 columns, too few for the table: give it 100.
     wide = Console(width=max(con.width, 100), highlight=False, file=con.file)
     wide.print(table)
+    turns = turn_table(rows, title=f"declattn eval: {args.model}, per turn")
+    if turns is not None:
+        wide.print(turns)
     (out_dir / "summary.json").write_text(json.dumps(summary_json(rows), indent=1))
     (out_dir / "summary.md").write_text(
         _markdown_header(rows, out_dir, args) + markdown_table(rows) + "\n"
@@ -238,6 +273,7 @@ def _command_line(args: argparse.Namespace) -> str:
         "dtype",
         "judge_url",
         "judge_model",
+        "backend",
         "out",
     ):
         value = getattr(args, flag)

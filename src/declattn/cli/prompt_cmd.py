@@ -27,8 +27,7 @@ def add_parser(sub: Any) -> None:
 
 def describe(tokenizer: Any, context: str, question: str, args: argparse.Namespace) -> dict:
     from declattn.protocol.prompt import render_prompt
-    from declattn.protocol.segment import segment
-    from declattn.session import token_counter
+    from declattn.protocol.segment import segment, token_counter
 
     chunks = segment(context, token_counter(tokenizer), args.target, args.cap)
     rendered = render_prompt(tokenizer, chunks, question, sink=args.sink, style=args.style)

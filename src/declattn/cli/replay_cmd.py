@@ -25,27 +25,32 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--response", help="a text file holding the model's response")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--line-start", action="store_true", help="tags count only at line start")
+    p.add_argument("--focus", choices=["ids", "find", "both"], default=None,
+                   help="with --response: the focus form the run's instruction taught")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=run)
 
 
 def _from_record(path: str) -> tuple[Any, list[str], int]:
     from declattn.protocol.layout import Layout
-    from declattn.record import load_record
+    from declattn.show.record import load_record
 
     try:
         rec = load_record(path)
     except (FileNotFoundError, ValueError) as e:
         raise UserError(str(e)) from e
-    return Layout.from_dict(rec["layout"]), rec["output"]["token_texts"], rec["block_size"]
+    texts = [c["text"] for c in rec.get("chunks", [])] or None
+    layout = Layout.from_dict(rec["layout"])
+    return layout, rec["output"]["token_texts"], rec["block_size"], texts
 
 
 def _from_response(args: argparse.Namespace) -> tuple[Any, list[str], int]:
     from declattn.engine.detok import Detokenizer
     from declattn.engine.tokenizer import load_tokenizer
-    from declattn.protocol.prompt import encode_user_text, render_prompt
-    from declattn.protocol.segment import segment
-    from declattn.session import token_counter
+    from declattn.protocol.prompt import render_prompt
+    from declattn.protocol.segment import segment, token_counter
+    from declattn.protocol.template import encode_user_text
+    from declattn.session import DAOptions
 
     for flag in ("tokenizer", "context"):
         if not getattr(args, flag):
@@ -58,12 +63,13 @@ def _from_response(args: argparse.Namespace) -> tuple[Any, list[str], int]:
     with user_errors():
         tok = load_tokenizer(args.tokenizer)
         chunks = segment(context, token_counter(tok))
-        layout = render_prompt(tok, chunks, question).layout
+        instruction = DAOptions(focus=args.focus or "ids").instruction_for(chunks, tok)
+        layout = render_prompt(tok, chunks, question, instruction=instruction).layout
     detok = Detokenizer(tok)
     texts = [detok.add(t) for t in encode_user_text(tok, resp.read_text(encoding="utf-8"))]
     if texts:
         texts[-1] += detok.flush()
-    return layout, texts, args.block_size
+    return layout, texts, args.block_size, [c.text for c in chunks]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,12 +78,13 @@ def run(args: argparse.Namespace) -> int:
     if args.record and args.response:
         raise UserError("give either a record file or --response, not both")
     if args.record:
-        layout, texts, block_size = _from_record(args.record)
+        layout, texts, block_size, chunk_texts = _from_record(args.record)
     elif args.response:
-        layout, texts, block_size = _from_response(args)
+        layout, texts, block_size, chunk_texts = _from_response(args)
     else:
         raise UserError("nothing to replay: give a record file or --response FILE")
-    result = replay(layout, texts, block_size=block_size, line_start=args.line_start)
+    result = replay(layout, texts, block_size=block_size, line_start=args.line_start,
+                    chunk_texts=chunk_texts)
     data = result.to_dict()
     if args.json:
         print(json.dumps({k: data[k] for k in ("totals", "by_mode", "declarations")}, indent=1))

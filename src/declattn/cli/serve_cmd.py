@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
-from declattn.cli.common import UserError, add_model_arg, console, user_errors
+from declattn.cli.common import UserError, add_dtype_arg, add_model_arg, console, user_errors
+
+API_KEY_ENV = "DECLATTN_API_KEY"
 
 
 def add_parser(sub: Any) -> None:
@@ -33,8 +36,36 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--model-id", default=None,
                    help="the name clients use for the model (default: the --model value, or "
                    "a file's stem)")
-    p.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default=None)
+    add_dtype_arg(p, ("fp16",))
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="never reuse an earlier prompt's KV (on by default)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    limits = p.add_argument_group("limits and access (see docs/server.md)")
+    limits.add_argument("--max-request-bytes", type=int, default=None,
+                        help="largest request body accepted, in bytes; larger gets 413 "
+                        "(default 16777216, 16 MiB)")
+    limits.add_argument("--body-timeout", type=float, default=None,
+                        help="seconds a request body may take to arrive, plus 1 s per 64 KiB "
+                        "received; later gets 408 (default 30)")
+    limits.add_argument("--header-timeout", type=float, default=None,
+                        help="seconds a connection may take to send a request's line and "
+                        "headers before it is closed (default 10)")
+    limits.add_argument("--prepare-workers", type=int, default=None,
+                        help="requests tokenised at once, one worker kept for small ones "
+                        "(default 4)")
+    limits.add_argument("--request-timeout", type=float, default=None,
+                        help="seconds a request may take, queue included; past it the "
+                        "response ends with what it wrote, finish reason 'timeout' in its "
+                        "usage (default: no limit; a request's own 'timeout' may ask less)")
+    limits.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on every request (default: "
+                        f"${API_KEY_ENV}, else no key)")
+    limits.add_argument("--open-paths", default=None,
+                        help="comma-separated paths served without the key (default "
+                        "/health,/metrics; '' for none)")
+    limits.add_argument("--allowed-hosts", default=None,
+                        help="comma-separated Host names served, '*.example.com' for "
+                        "subdomains (default: any)")
     p.add_argument("--log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug"])
     p.set_defaults(func=run)
@@ -51,6 +82,18 @@ def model_id(model: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    config = server_config(args)
+    out = console(stderr=True)
+    with user_errors():
+        with out.status(f"loading {args.model}"):
+            engine = load_engine(args.model, dtype=args.dtype, device=args.device)
+    serve(engine, config, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def server_config(args: argparse.Namespace) -> Any:
+    """The ``ServerConfig`` the flags ask for (the key from ``$DECLATTN_API_KEY`` when
+    ``--api-key`` is not given); a bad value is a ``UserError``."""
     from declattn.server.app import DEFAULT_KV_BLOCKS, ServerConfig
 
     for flag, value, low in (
@@ -60,9 +103,19 @@ def run(args: argparse.Namespace) -> int:
         ("--max-tokens-cap", args.max_tokens_cap, 1),
         ("--default-max-tokens", args.default_max_tokens, 1),
         ("--port", args.port, 0),
+        ("--max-request-bytes", args.max_request_bytes, 1),
+        ("--prepare-workers", args.prepare_workers, 1),
     ):
         if value is not None and value < low:
             raise UserError(f"{flag} must be at least {low}")
+    for flag, seconds in (("--body-timeout", args.body_timeout),
+                          ("--header-timeout", args.header_timeout),
+                          ("--request-timeout", args.request_timeout)):
+        if seconds is not None and not seconds > 0:
+            raise UserError(f"{flag} must be more than 0 seconds")
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    if api_key is not None and not api_key.strip():
+        raise UserError(f"--api-key (or ${API_KEY_ENV}) is empty")
     name = args.model_id or model_id(args.model)
     config = ServerConfig(
         model_id=name,
@@ -72,34 +125,47 @@ def run(args: argparse.Namespace) -> int:
         max_tokens_cap=args.max_tokens_cap,
         default_max_tokens=args.default_max_tokens,
         aliases=tuple({args.model} - {name}),
+        prefix_caching=not args.no_prefix_cache,
+        request_timeout_s=args.request_timeout,
+        api_key=api_key,
+        allowed_hosts=_names(args.allowed_hosts),
+        **_given(
+            max_request_bytes=args.max_request_bytes,
+            body_timeout_s=args.body_timeout,
+            header_timeout_s=args.header_timeout,
+            prepare_workers=args.prepare_workers,
+            open_paths=_names(args.open_paths),
+        ),
     )
-    out = console(stderr=True)
-    with user_errors():
-        with out.status(f"loading {args.model}"):
-            engine = load_engine(args.model, dtype=args.dtype, device=args.device)
-    serve(engine, config, host=args.host, port=args.port, log_level=args.log_level)
-    return 0
+    return config
+
+
+def _given(**options: Any) -> dict[str, Any]:
+    """The options given on the command line; the others keep ``ServerConfig``'s default."""
+    return {k: v for k, v in options.items() if v is not None}
+
+
+def _names(value: str | None) -> tuple[str, ...] | None:
+    """``"a, b"`` -> ``("a", "b")``; ``None`` stays ``None``."""
+    if value is None:
+        return None
+    return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
 def load_engine(model: str, dtype: str | None = None, device: str | None = None) -> Any:
-    """The facade for a server: its own KV pool stays one block, the server makes its own."""
+    """The facade for a server; its own KV pool is never allocated (the server makes one
+    of ``--kv-blocks``)."""
     from declattn.api import Engine
-    from declattn.engine.loader import load_model
-    from declattn.engine.registry import resolve_model
 
-    torch_dtype = None
-    if dtype is not None:
-        import torch
-
-        torch_dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[dtype]
-    loaded = load_model(resolve_model(model), dtype=torch_dtype, device=device)
-    return Engine(loaded, kv_tokens=1)
+    return Engine.from_pretrained(model, dtype=dtype, device=device)
 
 
 def serve(engine: Any, config: Any, *, host: str, port: int, log_level: str = "info") -> None:
     import uvicorn
 
     from declattn.server.app import create_app
+    from declattn.server.connection import uvicorn_config
 
     app = create_app(engine, config)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+    uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
+                                  header_timeout_s=config.header_timeout_s)).run()

@@ -14,7 +14,8 @@ def add_parser(sub: Any) -> None:
         help="draw a run record: mode timeline, attended tokens, chunks read",
         description="Write RECORD's stem as .png (mode per decode step, attended tokens "
         "against vanilla, the chunks each step read) and .html (the response coloured by "
-        "mode beside the chunks it read). The page embeds the picture.",
+        "mode beside the chunks it read, and what each focus resolved to). The page embeds the "
+        "picture. Prints both paths, then a one-line focus summary.",
     )
     p.add_argument("record", help="a run record JSON file (from `declattn run --save`)")
     p.add_argument("--out", help="folder for the files (default: next to the record)")
@@ -32,4 +33,5 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"cannot write to {args.out or 'the record folder'}: {e}") from e
     print(files.png)
     print(files.html)
+    print(files.focus)
     return 0

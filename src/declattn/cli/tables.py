@@ -7,6 +7,8 @@ from typing import Any
 
 from rich.table import Table
 
+from declattn.accounting import saving
+
 MODE_STYLES = {
     "global": "bold blue",
     "focus": "bold green",
@@ -44,7 +46,7 @@ def attended_table(by_mode: dict[str, dict[str, int]], totals: dict[str, Any], t
 
 
 def _saving(da: int, vanilla: int) -> str:
-    return f"{1 - da / vanilla:.1%}" if vanilla else "-"
+    return f"{saving(da, vanilla):.1%}" if vanilla else "-"
 
 
 def declarations_table(declarations: Iterable[dict[str, Any]]) -> Table | None:

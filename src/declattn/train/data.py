@@ -15,9 +15,9 @@ from torch import Tensor
 from declattn.protocol.instruction import BRIEF_INSTRUCTION, final_turn
 from declattn.protocol.layout import Layout
 from declattn.protocol.prompt import render_prompt
-from declattn.protocol.segment import Chunk, segment
+from declattn.protocol.segment import Chunk, segment, token_counter
 from declattn.scope import DEFAULT_BLOCK_SIZE
-from declattn.session import DAOptions, token_counter
+from declattn.session import DAOptions
 from declattn.train.mask import transcript_mask
 from declattn.train.tasks import CHUNK_TOKENS, Episode, make_episode
 from declattn.train.vocab import build_tokenizer, words_of

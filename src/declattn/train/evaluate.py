@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from declattn.engine.sampler import SamplingParams
 from declattn.protocol.modes import Mode
 from declattn.scope import Scope
 from declattn.session import DASession
 from declattn.train.tasks import Episode, make_episode, wrong_chunk
+
+if TYPE_CHECKING:
+    from declattn.api import Engine
 
 EVAL_SEED_BASE = 1_000_003
 ARMS = ("da", "da-nm", "wrong")
@@ -71,7 +74,7 @@ def episodes(n_chunks: int, two_hop: bool, samples: int, seed: int) -> list[Epis
     return [make_episode(rng, n_chunks, two_hop) for _ in range(samples)]
 
 
-def _session(engine: Any, episode: Episode, arm: str, rng: random.Random) -> DASession:
+def _session(engine: Engine, episode: Episode, arm: str, rng: random.Random) -> DASession:
     from dataclasses import replace
 
     options = replace(engine.da_defaults, masking=arm != "da-nm", constrain=False)
@@ -83,7 +86,7 @@ def _session(engine: Any, episode: Episode, arm: str, rng: random.Random) -> DAS
 
 
 def run_cell(
-    engine: Any, n_chunks: int, two_hop: bool, arm: str, samples: int, seed: int = 0,
+    engine: Engine, n_chunks: int, two_hop: bool, arm: str, samples: int, seed: int = 0,
     batch: int = 64,
 ) -> Cell:
     """Greedy answers to ``samples`` fresh documents, decoded in batches by the engine
@@ -95,12 +98,12 @@ def run_cell(
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0)
     sessions = [(e, _session(engine, e, arm, rng)) for e in eps]
     longest = max(len(s.prompt_ids) for _, s in sessions) + MAX_TOKENS
-    fits = engine.core.cache.num_free_blocks // -(-longest // engine.block_size)
+    fits = engine.pool.free // -(-longest // engine.block_size)
     step = max(1, min(batch, fits))
     for start in range(0, len(sessions), step):
-        seqs = [engine.core.add(s.prompt_ids, params, s) for _, s in sessions[start : start + step]]
+        seqs = [engine.add(s, params) for _, s in sessions[start : start + step]]
         while any(q.finish_reason is None for q in seqs):
-            engine.core.step()
+            engine.step()
     return _score(n_chunks, two_hop, arm, sessions)
 
 

@@ -1,0 +1,238 @@
+"""``declattn bench serve``: a soak of the server under mixed, partly hostile traffic.
+
+A real ``declattn serve`` process on loopback (127.0.0.1 only) receives, for a bounded
+time and count, a mix from a few client threads: plain chat, DA chat, streamed requests
+the client drops part way, oversize and malformed bodies, and some long requests. It
+reports requests served, 4xx/5xx counts (5xx must be 0), latency percentiles of the
+short requests (the ones a long request must not hold up), blocks in use at the end
+(must be 0) and the server's memory before and after. A measurement, never a test: the
+machines are shared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from declattn.server.metrics import parse
+
+KINDS = ("plain", "da", "stream_drop", "oversize", "malformed", "long")
+WEIGHTS = (0.35, 0.25, 0.12, 0.08, 0.10, 0.10)
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    model: str = "smollm2-135m"
+    seconds: float = 300.0
+    max_requests: int = 2000
+    clients: int = 6
+    kv_blocks: int = 512
+    seed: int = 0
+    max_request_bytes: int = 1 << 20
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Tally:
+    """What the clients saw, under one lock."""
+
+    status: Counter = field(default_factory=Counter)
+    kinds: Counter = field(default_factory=Counter)
+    short_latency: list[float] = field(default_factory=list)
+    short_latency_during_long: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    long_running: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _start(cfg: SoakConfig, port: int) -> subprocess.Popen:
+    exe = Path(sys.executable).with_name("declattn")
+    cmd = [
+        str(exe), "serve", "--model", cfg.model, "--port", str(port),
+        "--kv-blocks", str(cfg.kv_blocks), "--max-request-bytes", str(cfg.max_request_bytes),
+        "--log-level", "warning", "--dtype", "fp32",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("the server did not come up within 300 s")
+
+
+_DOC = "\n\n".join(
+    f"Note {i}: the ferry to island {i} leaves at {6 + i % 12}:{(7 * i) % 60:02d}."
+    for i in range(40)
+)
+
+
+def _request(kind: str, rng: random.Random, cfg: SoakConfig) -> tuple[str, Any, bool]:
+    """``(content type, body, streamed)`` of one request of ``kind``."""
+    base = {"model": cfg.model, "temperature": 0, "max_tokens": 12}
+    user = [{"role": "user", "content": f"Say something about ferry {rng.randrange(40)}."}]
+    if kind == "plain":
+        return "json", {**base, "messages": user}, False
+    if kind == "da":
+        return "json", {**base, "messages": user, "max_tokens": 24,
+                        "declarative_attention": {"context": _DOC, "chunk_tokens": 128}}, False
+    if kind == "stream_drop":
+        return "json", {**base, "messages": user, "max_tokens": 64, "stream": True}, True
+    if kind == "long":
+        return "json", {**base, "messages": user, "max_tokens": 400}, False
+    if kind == "oversize":
+        return "raw", b'{"model": "x", "messages": [' + b" " * (cfg.max_request_bytes + 10), False
+    bad = rng.choice([b"{not json", b'{"model": 7}', b'{"model": "\\ud800", "messages": []}',
+                      b'{"model": "m", "messages": [{"role": "user"}], "max_tokens": -3}'])
+    return "raw", bad, False
+
+
+def _client(cfg: SoakConfig, url: str, tally: Tally, stop_at: float, budget: list[int],
+            seed: int) -> None:
+    rng = random.Random(seed)
+    with httpx.Client(base_url=url, timeout=600) as http:
+        while time.monotonic() < stop_at:
+            with tally.lock:
+                if budget[0] <= 0:
+                    return
+                budget[0] -= 1
+            kind = rng.choices(KINDS, WEIGHTS)[0]
+            _one(http, kind, rng, cfg, tally)
+
+
+def _one(http: httpx.Client, kind: str, rng: random.Random, cfg: SoakConfig, tally: Tally) -> None:
+    ctype, body, streamed = _request(kind, rng, cfg)
+    t0 = time.monotonic()
+    during_long = tally.long_running > 0
+    if kind == "long":
+        with tally.lock:
+            tally.long_running += 1
+    try:
+        if ctype == "raw":
+            r = http.post("/v1/chat/completions", content=body,
+                          headers={"Content-Type": "application/json"})
+            status = r.status_code
+        elif streamed:
+            with http.stream("POST", "/v1/chat/completions", json=body) as r:
+                status = r.status_code
+                for i, _ in enumerate(r.iter_lines()):
+                    if i >= rng.randrange(1, 8):
+                        break  # the client goes away mid-stream
+        else:
+            status = http.post("/v1/chat/completions", json=body).status_code
+    except httpx.HTTPError as e:
+        status = -1
+        with tally.lock:
+            tally.errors.append(f"{kind}: {type(e).__name__}: {e}")
+    finally:
+        if kind == "long":
+            with tally.lock:
+                tally.long_running -= 1
+    elapsed = time.monotonic() - t0
+    with tally.lock:
+        tally.status[status] += 1
+        tally.kinds[kind] += 1
+        if kind in ("plain", "da") and status == 200:
+            tally.short_latency.append(elapsed)
+            if during_long:
+                tally.short_latency_during_long.append(elapsed)
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 \
+        else values[0]
+
+
+def run_soak(cfg: SoakConfig, log: Any = None) -> dict[str, Any]:
+    """Start the server, soak it, stop it; the report."""
+    say = log or (lambda _m: None)
+    port = _port()
+    url = f"http://127.0.0.1:{port}"
+    say(f"starting declattn serve on {url}")
+    proc = _start(cfg, port)
+    try:
+        rss_before = _rss_mb(proc.pid)
+        tally = Tally()
+        budget = [cfg.max_requests]
+        stop_at = time.monotonic() + cfg.seconds
+        threads = [threading.Thread(target=_client, args=(cfg, url, tally, stop_at, budget,
+                                                          cfg.seed + i), daemon=True)
+                   for i in range(cfg.clients)]
+        t0 = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(cfg.seconds + 900)
+        wall = time.monotonic() - t0
+        time.sleep(2)  # cancelled streams free their blocks between steps
+        metrics = parse(httpx.get(url + "/metrics", timeout=30).text)
+        rss_after = _rss_mb(proc.pid)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    codes = tally.status
+    return {
+        "config": cfg.to_dict(),
+        "wall_seconds": wall,
+        "requests": sum(codes.values()),
+        "by_kind": dict(tally.kinds),
+        "by_status": {str(k): v for k, v in sorted(codes.items())},
+        "served_2xx": sum(v for k, v in codes.items() if 200 <= k < 300),
+        "client_4xx": sum(v for k, v in codes.items() if 400 <= k < 500),
+        "server_5xx": sum(v for k, v in codes.items() if k >= 500),
+        "transport_errors": tally.errors[:20],
+        "short_p50_seconds": _pct(tally.short_latency, 50),
+        "short_p95_seconds": _pct(tally.short_latency, 95),
+        "short_p50_during_long_seconds": _pct(tally.short_latency_during_long, 50),
+        "short_p95_during_long_seconds": _pct(tally.short_latency_during_long, 95),
+        "blocks_in_use_at_end": metrics.get("declattn_kv_blocks_in_use"),
+        "preemptions": metrics.get("declattn_preemptions_total"),
+        "server_rss_mb_before": rss_before,
+        "server_rss_mb_after": rss_after,
+    }
+
+
+def write_report(result: dict[str, Any], out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "soak.json"
+    path.write_text(json.dumps(result, indent=1))
+    return path
