@@ -68,6 +68,7 @@ class Engine:
         block_size: int = 16,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         prefix_caching: bool = True,
+        batch_invariant: bool = False,
     ) -> None:
         """``kv_tokens`` sizes the KV pool shared by all sequences in flight; by default
         ``DEFAULT_KV_TOKENS``, or one sequence of the model's whole context if that is
@@ -91,6 +92,7 @@ class Engine:
         self._block_size = block_size
         self._prefill_chunk = prefill_chunk
         self._prefix_caching = prefix_caching
+        self._batch_invariant = batch_invariant
         self._core: PagedEngine | None = None
         self.n_params = sum(p.numel() for p in loaded.model.parameters())
         self.da_defaults = model_da_defaults(loaded.weights_dir)
@@ -124,10 +126,17 @@ class Engine:
             }[dtype]
         return cls(load_model(resolve_model(path_or_name), dtype=dtype, device=device), **kwargs)
 
-    def with_pool(self, num_blocks: int, *, prefix_caching: bool | None = None) -> Engine:
+    def with_pool(
+        self,
+        num_blocks: int,
+        *,
+        prefix_caching: bool | None = None,
+        batch_invariant: bool | None = None,
+    ) -> Engine:
         """The same loaded model (and tokenizer, DA defaults, vocabulary cache) over a
         KV pool of its own of ``num_blocks`` blocks: a server's pool, a test's small one.
-        ``prefix_caching`` keeps this engine's setting unless given."""
+        ``prefix_caching`` and ``batch_invariant`` keep this engine's settings unless
+        given."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be at least 1, got {num_blocks}")
         other = Engine.__new__(Engine)
@@ -135,6 +144,8 @@ class Engine:
         other._num_blocks = num_blocks
         if prefix_caching is not None:
             other._prefix_caching = prefix_caching
+        if batch_invariant is not None:
+            other._batch_invariant = batch_invariant
         other._core = None
         return other
 
@@ -152,6 +163,7 @@ class Engine:
                 block_size=self._block_size,
                 prefill_chunk=self._prefill_chunk,
                 prefix_caching=self._prefix_caching,
+                batch_invariant=self._batch_invariant,
             )
         return self._core
 

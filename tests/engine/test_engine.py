@@ -193,3 +193,40 @@ def test_sampling_survives_underflowing_parameters():
     assert sample(logits, tiny_p, tiny_p.generator()) == 1
     tiny_t = SamplingParams(temperature=1e-30)
     assert sample(logits, tiny_t, tiny_t.generator()) == 1
+
+
+def test_batch_invariant_mode_gives_each_sequence_its_logits_alone_bit_for_bit():
+    """With ``batch_invariant`` a batched decode step is one model call per sequence, so
+    every sequence's logits are exactly those it gets alone (a batched matmul may pick
+    its kernel, and so its rounding, by the number of rows)."""
+    model = tiny_model(seed=5)
+    prompts = [prompt(n, s) for n, s in ((33, 1), (70, 2), (18, 3))]
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+
+    def logits_of(engine: PagedEngine, batch: list[list[int]]) -> list[list[torch.Tensor]]:
+        seen: list[list[torch.Tensor]] = [[] for _ in batch]
+
+        class Recorder(Controller):
+            def __init__(self, ids: list[int], row: int) -> None:
+                super().__init__(ids)
+                self.row = row
+
+            def process_logits(self, logits: torch.Tensor) -> torch.Tensor:
+                seen[self.row].append(logits.clone())
+                return logits
+
+        for row, ids in enumerate(batch):
+            engine.add(Recorder(ids, row), params)
+        while engine.has_work:
+            engine.step()
+        return seen
+
+    def invariant() -> PagedEngine:
+        return PagedEngine(model, Tok(), num_blocks=256, block_size=16, prefill_chunk=64,
+                           batch_invariant=True)
+
+    alone = [logits_of(invariant(), [p])[0] for p in prompts]
+    together = logits_of(invariant(), prompts)
+    for solo, batched in zip(alone, together, strict=True):
+        assert len(solo) == len(batched) == 6
+        assert all(torch.equal(a, b) for a, b in zip(solo, batched, strict=True))

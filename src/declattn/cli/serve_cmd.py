@@ -39,6 +39,9 @@ def add_parser(sub: Any) -> None:
     add_dtype_arg(p, ("fp16",))
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="never reuse an earlier prompt's KV (on by default)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="decode each request in a model call of its own, so greedy text never "
+                   "depends on the batch (slower under concurrent load; docs/server.md)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     limits = p.add_argument_group("limits and access (see docs/server.md)")
     limits.add_argument("--max-request-bytes", type=int, default=None,
@@ -126,6 +129,7 @@ def server_config(args: argparse.Namespace) -> Any:
         default_max_tokens=args.default_max_tokens,
         aliases=tuple({args.model} - {name}),
         prefix_caching=not args.no_prefix_cache,
+        batch_invariant=args.batch_invariant,
         request_timeout_s=args.request_timeout,
         api_key=api_key,
         allowed_hosts=_names(args.allowed_hosts),

@@ -49,9 +49,17 @@ class PagedEngine:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         kv_dtype: torch.dtype | None = None,
         prefix_caching: bool = True,
+        batch_invariant: bool = False,
     ) -> None:
         """``prefix_caching``: full prompt blocks are kept addressed by content and later
-        prompts that start with the same tokens take them over (see ``blocks.py``)."""
+        prompts that start with the same tokens take them over (see ``blocks.py``).
+
+        ``batch_invariant``: each running sequence's decode step is its own model call, so
+        a sequence's logits never depend on who else is in the batch. Batched matmuls may
+        pick a kernel (and so a summation order) by the number of rows; one row at a time
+        gives every sequence exactly what it gets alone, for a batch's weight reads
+        multiplied by its size. Prefill is one sequence per chunk at fixed chunk
+        boundaries either way."""
         if prefill_chunk < 1:
             raise ValueError("prefill_chunk must be >= 1")
         if prefix_caching and prefill_chunk % block_size:
@@ -65,6 +73,7 @@ class PagedEngine:
         self.tokenizer = tokenizer
         self.device = param.device
         self.prefill_chunk = prefill_chunk
+        self.batch_invariant = batch_invariant
         self.cache = KVCache(
             KVConfig(
                 n_layers=c.num_layers,
@@ -309,10 +318,14 @@ class PagedEngine:
         seq.prefilled = seq.registered = 0
 
     def _decode(self, seqs: list[Request]) -> list[TokenEvent]:
-        t0 = time.perf_counter()
         seqs = self._make_room(seqs)
-        if not seqs:
-            return []
+        if not self.batch_invariant:
+            return self._decode_rows(seqs) if seqs else []
+        return [event for seq in seqs for event in self._decode_rows([seq])]
+
+    def _decode_rows(self, seqs: list[Request]) -> list[TokenEvent]:
+        """One model call decoding one token for each of ``seqs`` (blocks already made)."""
+        t0 = time.perf_counter()
         steps = []
         for seq in seqs:
             length = seq.length  # positions read: all stored + the new token's own

@@ -69,7 +69,9 @@ class ServerConfig:
     ``request_timeout_s``: the most any request may take, queue included (``None``: no
     limit; a request's own ``timeout`` may ask for less);
     ``prefix_caching``: requests that start like an earlier one reuse its prompt K/V (a
-    follow-up in a conversation, another question over the same document).
+    follow-up in a conversation, another question over the same document);
+    ``batch_invariant``: each request decodes in a model call of its own, so its greedy
+    text never depends on what else runs (slower under load; docs/server.md).
     """
 
     model_id: str
@@ -89,6 +91,7 @@ class ServerConfig:
     open_paths: tuple[str, ...] = DEFAULT_OPEN_PATHS
     allowed_hosts: tuple[str, ...] | None = None
     prefix_caching: bool = True
+    batch_invariant: bool = False
     request_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -161,7 +164,11 @@ class ServerState:
 def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
     """The server for ``engine`` (a loaded ``declattn.Engine``), over a KV pool of its own
     of ``config.kv_blocks`` blocks (the same model serves several apps in tests)."""
-    served = engine.with_pool(config.kv_blocks, prefix_caching=config.prefix_caching)
+    served = engine.with_pool(
+        config.kv_blocks,
+        prefix_caching=config.prefix_caching,
+        batch_invariant=config.batch_invariant,
+    )
     metrics = Metrics()
     scheduler = Scheduler(served, metrics, max_batch=config.max_batch, max_queue=config.max_queue)
     limits = Limits(
