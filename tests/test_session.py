@@ -75,6 +75,37 @@ def test_reads_equal_scope_on_every_step(engine):
     assert seq.finish_reason == "answer"
 
 
+FIND_TRANSCRIPT = (
+    '<focus find="day 5 notes calm water, 15 boats">day 5 notes 15 boats</focus>\n'
+    "<local>So the answer is 15.</local>\n"
+    "<answer>15</answer>"
+)
+
+
+def test_a_find_focus_reads_exactly_the_chunks_its_phrase_resolves_to(engine):
+    """The engine looks the phrase up in the chunk texts when the tag closes; from the
+    next step on, the attention reads exactly the scope's blocks for those chunks (read
+    counter == scope), and the chunks are the ones whose text holds the phrase."""
+    options = DAOptions(target=96, cap=128, focus="find")
+    sess, seq, _ = forced_run(engine, FIND_TRANSCRIPT, options)
+    holding = [c.id for c in sess.chunks if "day 5 notes calm water, 15 boats" in c.text]
+    assert holding and len(holding) < len(sess.chunks)
+    focus = [d for d in sess.declarations if d.kind == "focus"]
+    assert len(focus) == 1 and focus[0].declined is None
+    assert sorted(focus[0].focus_ids) == holding and focus[0].match == "exact"
+    assert len(seq.reads) == len(sess.expected_views)
+    for read, expected in zip(seq.reads, sess.expected_views, strict=True):
+        assert read.blocks == expected and read.layers_agree
+    focused = [(st, r) for st, r in zip(sess.steps, seq.reads, strict=True)
+               if st.mode == Mode.FOCUS]
+    assert focused and all(st.focus_ids == tuple(holding) for st, _ in focused)
+    bs = engine.block_size
+    for span in (sess.layout.chunks[i - 1] for i in holding):
+        wanted = set(range(span.start // bs, -(-span.end // bs)))
+        assert all(wanted <= set(r.blocks) for _, r in focused)
+    assert all(st.logical < st.vanilla_logical / 2 for st, _ in focused)
+
+
 def test_live_accounting_equals_replay(engine):
     sess, seq, _ = forced_run(engine, TRANSCRIPT)
     rep = replay(sess.layout, seq.token_texts, block_size=engine.block_size)

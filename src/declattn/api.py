@@ -287,15 +287,17 @@ class Engine:
     def _below_min_context(
         self, context: str, chunks: Sequence[Chunk] | None, options: DAOptions
     ) -> str | None:
-        """Why a DA request runs vanilla, when its context is under ``min_context``."""
-        if options.min_context <= 0:
+        """Why a DA request runs vanilla, when its context is under the options' floor
+        (``DAOptions.context_floor``: ``min_context``, or 1.5 chunks by default)."""
+        floor = options.context_floor
+        if floor <= 0:
             return None
         n = sum(c.tokens for c in chunks) if chunks else token_counter(self.tokenizer)(context)
-        if n >= options.min_context:
+        if n >= floor:
             return None
         return (
-            f"ran vanilla: a context of {n} tokens is under min_context {options.min_context}, "
-            "where the DA prompt and reply read more than full attention"
+            f"ran vanilla: a context of {n} tokens is under min_context {floor}, "
+            "where DA reads more per decode step than full attention"
         )
 
     def messages_session(

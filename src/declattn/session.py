@@ -35,6 +35,16 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 
+MIN_CONTEXT_CHUNKS = 1.5
+"""The default break-even, in chunks of ``DAOptions.target``: a shorter context runs
+vanilla. Measured on qwen2.5-0.5b (planted facts, 3-5 documents per length, 2026-12-01,
+docs/eval.md "Break-even"): with 2,048-token chunks, DA read more tokens per decode step
+than vanilla at 2K (1.04x with chunk ids; one chunk holds nearly everything, and the DA
+prompt is longer) and fewer from 3K on (0.88x ids, 0.68x find; 0.53x / 0.34x at 16K).
+Below 1.5 chunks a focus keeps two thirds of the context or more, which the
+instruction's tokens outweigh."""
+
+
 @dataclass(frozen=True)
 class DAOptions:
     """Per-request DA settings. ``masking=False`` is the DA-nm arm (DA prompt, full reads).
@@ -50,9 +60,8 @@ class DAOptions:
     ``both`` (the find instruction, both constraints); the reader accepts either form
     whatever is chosen. ``index``: a token budget for an in-context index of the chunks
     (one line each, in the find instruction); 0 is none. ``min_context``: a context
-    shorter than this many tokens
-    runs vanilla (and says so): below it the DA prompt and its longer replies read more
-    than vanilla attention does (``DEFAULT_MIN_CONTEXT``); 0 never falls back.
+    shorter than this many tokens runs vanilla (and says so); ``None`` is
+    ``MIN_CONTEXT_CHUNKS`` times ``target``, 0 never falls back.
     """
 
     target: int = 2048
@@ -64,15 +73,23 @@ class DAOptions:
     constrain: bool | None = None
     runaway: bool = True
     instruction: str = DA_INSTRUCTION
-    min_context: int = 0
+    min_context: int | None = None
     focus: str = "ids"
     index: int = 0
 
     def __post_init__(self) -> None:
         if self.focus not in FOCUS_FORMS:
             raise ValueError(f"focus must be one of {', '.join(FOCUS_FORMS)}, not {self.focus!r}")
-        if self.index < 0 or self.min_context < 0:
+        if self.index < 0 or (self.min_context is not None and self.min_context < 0):
             raise ValueError("index and min_context must be >= 0")
+
+    @property
+    def context_floor(self) -> int:
+        """The shortest context that runs DA: ``min_context``, or by default
+        ``MIN_CONTEXT_CHUNKS`` chunks' worth of ``target`` tokens."""
+        if self.min_context is not None:
+            return self.min_context
+        return round(MIN_CONTEXT_CHUNKS * self.target)
 
     def instruction_for(self, chunks: Sequence[Chunk], tokenizer: Any) -> str:
         """The instruction this request's prompt opens with: the model's own if it has

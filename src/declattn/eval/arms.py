@@ -85,6 +85,7 @@ class ArmSettings:
             constrain=arm.endswith("-constrained"),
             focus="find" if arm.startswith("da-find") else "ids",
             index=INDEX_TOKENS if arm == "da-find-index" else 0,
+            min_context=0,  # an evaluation measures DA wherever asked, the break-even too
         )
 
 

@@ -65,8 +65,8 @@ class DARequest(BaseModel):
     min_context: int | None = Field(
         None, ge=0,
         description="contexts shorter than this many tokens run vanilla (the usage says so): "
-        "there DA would read more than full attention (default: the model's, measured; 0 "
-        "never falls back)",
+        "there DA reads more per step than full attention (default: 1.5 chunks of "
+        "chunk_tokens, the measured break-even; 0 never falls back)",
     )
     return_tags: Literal["content", "strip"] = Field(
         "content",
