@@ -32,7 +32,7 @@ from declattn.engine.request import Request, TokenEvent
 from declattn.engine.sampler import SamplingParams
 from declattn.protocol.messages import NoChunksError, render_messages
 from declattn.protocol.prompt import RenderedPrompt
-from declattn.protocol.segment import Chunk, token_counter
+from declattn.protocol.segment import Chunk, SegmentError, token_counter
 from declattn.results import Answer, Delta, Stats
 from declattn.session import DAOptions, DASession, PlainSession, Session, model_da_defaults
 
@@ -259,6 +259,8 @@ class Engine:
         if not question.strip():
             raise ValueError("the question is empty")
         if da:
+            if chunks is None and not context.strip():  # before the gate: nothing to cut
+                raise SegmentError("the context is empty: there is nothing to cut into chunks")
             options = self.da_options(options)
             gate = self._below_min_context(context, chunks, options)
             if gate is not None:
