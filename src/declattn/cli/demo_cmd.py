@@ -25,13 +25,6 @@ from declattn.cli.common import (
 )
 from declattn.protocol.instruction import BRIEF_INSTRUCTION
 
-DEMO_FOCUS = "find"
-"""The focus form a chat model is taught in the demo unless ``--focus`` says otherwise:
-in this round's study (docs/eval.md, "Content focus"), at the demo's 16K tokens,
-qwen2.5-0.5b answered as often with ``find`` as with chunk ids (2/2 each, as vanilla),
-focused the fact's chunk every time (ids: 1 of 2, by position) and read 0.35x vanilla's
-tokens per step (ids: 0.57x). At 4K ids answered better (5/5 against 2/5)."""
-
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("demo", help="the main job: a DA answer over a long document")
@@ -66,8 +59,6 @@ def run(args: argparse.Namespace) -> int:
         with out.status(f"loading {args.model}"):
             engine = Engine.from_pretrained(args.model, dtype=args.dtype)
         tiny = engine.da_defaults.instruction == BRIEF_INSTRUCTION  # trained to declare
-        if args.focus is None and not tiny:
-            args.focus = DEMO_FOCUS
         doc = _tiny_document(args) if tiny else _essay_document(engine, args)
         out.print(f"{doc.description}\nquestion: {doc.questions[0].question}")
         folder = Path(args.out)

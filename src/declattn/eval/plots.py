@@ -14,6 +14,9 @@ _MARKERS = {
     "da-nm": "s",
     "da": "D",
     "da-constrained": "P",
+    "da-find": "*",
+    "da-find-constrained": "X",
+    "da-find-index": "h",
     "streaming": "v",
     "quest": "^",
 }
