@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import MODEL, request_body
+from conftest import MODEL, request_body, start_server
 
 from declattn.server.metrics import parse
 
@@ -136,8 +136,6 @@ def test_concurrent_streams_equal_one_at_a_time(server: Any) -> None:
 def bf16_invariant() -> Any:
     """SmolLM2 in bf16 (where batched CPU matmuls round differently from one row), served
     with ``batch_invariant``."""
-    from conftest import start_server
-
     from declattn.cli.serve_cmd import load_engine
 
     srv = start_server(load_engine(MODEL, dtype="bf16"), max_batch=64, kv_blocks=1024,
