@@ -382,7 +382,7 @@ def test_small_models_get_the_constraint_by_default(engine: Engine) -> None:
     assert sess.constraints[0].vocab is engine.focus_vocabs.get(engine.tokenizer)
     off = engine.session(CONTEXT, QUESTION, options=DAOptions(target=24, cap=40, constrain=False))
     assert isinstance(off, DASession) and not off.constraints
-    budget = engine.session(CONTEXT, QUESTION, max_tokens=64)
+    budget = engine.session(CONTEXT, QUESTION, options=DAOptions(target=24, cap=40), max_tokens=64)
     assert isinstance(budget, DASession) and budget.runaway is not None
     assert budget.runaway.max_tokens == 64
 
