@@ -40,7 +40,7 @@ MIN_CONTEXT_CHUNKS = 1.5
 vanilla. Measured on qwen2.5-0.5b (planted facts, 3-5 documents per length, 2026-12-01,
 docs/eval.md "Break-even"): with 2,048-token chunks, DA read more tokens per decode step
 than vanilla at 2K (1.04x with chunk ids; one chunk holds nearly everything, and the DA
-prompt is longer) and fewer from 3K on (0.88x ids, 0.68x find; 0.53x / 0.34x at 16K).
+prompt is longer) and fewer from 3K on (0.88x ids, 0.68x find; 0.57x / 0.35x at 16K).
 Below 1.5 chunks a focus keeps two thirds of the context or more, which the
 instruction's tokens outweigh."""
 

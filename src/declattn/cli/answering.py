@@ -50,7 +50,10 @@ def stream_arm(doc: Document | Chat, arm: str, question: str, args: Any, out: An
         out.print(delta.text, style=style, end="", markup=False, soft_wrap=True)
     if not args.json:
         out.print()
-    return results[0]
+    answer = results[0]
+    if answer.note is not None:  # DA asked, vanilla run: say so, never silently
+        out.print(f"[yellow]note: {answer.note} (--min-context 0 runs DA anyway)[/]")
+    return answer
 
 
 def timing_line(s: Stats) -> str:

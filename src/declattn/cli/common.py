@@ -94,6 +94,11 @@ def add_focus_args(parser: Any) -> None:
         help="with --focus find/both: an in-context index of the chunks in the instruction, "
         "within this many tokens (0: none)",
     )
+    parser.add_argument(
+        "--min-context", type=int, default=None, metavar="TOKENS",
+        help="a shorter context runs vanilla, and says so (default: 1.5 chunks, the measured "
+        "break-even, docs/eval.md; 0: always DA)",
+    )
 
 
 def focus_options(options: Any, args: Any) -> Any:
@@ -102,6 +107,9 @@ def focus_options(options: Any, args: Any) -> Any:
 
     if args.index < 0:
         raise UserError("--index must be >= 0")
+    if args.min_context is not None and args.min_context < 0:
+        raise UserError("--min-context must be >= 0")
     focus = args.focus or options.focus
-    return dataclasses.replace(options, focus=focus, index=args.index)
+    floor = options.min_context if args.min_context is None else args.min_context
+    return dataclasses.replace(options, focus=focus, index=args.index, min_context=floor)
 
