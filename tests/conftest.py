@@ -41,3 +41,28 @@ def smol_tokenizer():
     from declattn.engine.tokenizer import load_tokenizer
 
     return load_tokenizer("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def random_smol_model(smol_tokenizer):
+    """A 2-layer Llama with random weights (seed 0) over SmolLM2's real vocabulary and
+    chat template: the whole DA prompt path, with no weights to load. Each test module
+    puts its own ``Engine`` (and KV pool) over it."""
+    import torch
+
+    from declattn.engine.loader import LoadedModel
+    from declattn.engine.models import Decoder, ModelConfig
+
+    cfg = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": len(smol_tokenizer), "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 8192, "rope_theta": 10000.0, "tie_word_embeddings": True,
+    }
+    torch.manual_seed(0)
+    config = ModelConfig.from_hf(cfg)
+    model = Decoder(config).float()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    return LoadedModel(model.eval(), config, smol_tokenizer, Path("."))

@@ -4,15 +4,10 @@ accumulate; ``min_context``: a short context runs vanilla and says so."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
-import torch
 
 from declattn.api import Engine
-from declattn.engine.loader import LoadedModel
-from declattn.engine.models.config import ModelConfig
-from declattn.engine.models.decoder import Decoder
 from declattn.session import DASession, PlainSession
 
 CONTEXT = "\n\n".join(
@@ -22,20 +17,8 @@ CONTEXT = "\n\n".join(
 
 
 @pytest.fixture(scope="module")
-def engine(smol_tokenizer) -> Engine:
-    cfg = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "vocab_size": len(smol_tokenizer), "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 8192, "rope_theta": 10000.0, "tie_word_embeddings": True,
-    }
-    torch.manual_seed(0)
-    config = ModelConfig.from_hf(cfg)
-    model = Decoder(config).float()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    return Engine(LoadedModel(model.eval(), config, smol_tokenizer, Path(".")), kv_tokens=16384)
+def engine(random_smol_model) -> Engine:
+    return Engine(random_smol_model, kv_tokens=16384)
 
 
 def options(engine: Engine):

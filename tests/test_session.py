@@ -3,15 +3,11 @@ scope on every step, live accounting equals replay, and all-global DA equals DA-
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from declattn.api import Engine
 from declattn.engine.controller import Forced
-from declattn.engine.loader import LoadedModel
-from declattn.engine.models import Decoder, ModelConfig
 from declattn.engine.sampler import SamplingParams
 from declattn.protocol.modes import Mode
 from declattn.replay import replay
@@ -33,20 +29,8 @@ OPTIONS = DAOptions(target=96, cap=128)
 
 
 @pytest.fixture(scope="module")
-def engine(smol_tokenizer):
-    cfg = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "vocab_size": len(smol_tokenizer), "rms_norm_eps": 1e-6,
-        "max_position_embeddings": 8192, "rope_theta": 10000.0, "tie_word_embeddings": True,
-    }
-    torch.manual_seed(0)
-    config = ModelConfig.from_hf(cfg)
-    model = Decoder(config).float()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-    return Engine(LoadedModel(model.eval(), config, smol_tokenizer, Path(".")), kv_tokens=8192)
+def engine(random_smol_model) -> Engine:
+    return Engine(random_smol_model, kv_tokens=8192)
 
 
 def forced_run(engine, transcript, options=OPTIONS):
