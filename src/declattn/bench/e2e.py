@@ -96,18 +96,21 @@ class _Arm:
     cpu: list[float]
 
 
+def no_attention(layer: int, q: Tensor, k: Tensor, v: Tensor, *, scale: float,
+                 window: int | None) -> Tensor:
+    """An ``AttentionFn`` that reads nothing (returns ``q``): what is left of a step is
+    the weights and the rest."""
+    return q
+
+
 def null_attention_step(model: Decoder, position: int, reps: int = 5) -> float:
     """Median seconds of one decode step's model work without attention (q returned)."""
-
-    def null(layer: int, q: Tensor, k: Tensor, v: Tensor, *, scale: float, window: int | None):
-        return q
-
     ids, pos = torch.tensor([0]), torch.tensor([position])
     samples = []
     with torch.inference_mode():
         for _ in range(reps + 1):
             t0 = time.perf_counter()
-            model.logits(model(ids, pos, null))
+            model.logits(model(ids, pos, no_attention))
             samples.append(time.perf_counter() - t0)
     return statistics.median(samples[1:])
 

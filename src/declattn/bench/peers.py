@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from declattn.api import Engine
+from declattn.bench.e2e import no_attention
 from declattn.bench.machine import BandwidthProbe, machine_info
 from declattn.bench.transcript import QUESTION, fact_chunk, repeated_essay
 from declattn.engine.controller import Forced
@@ -184,7 +185,7 @@ def _decode_block(arm: Arm, worker: LlamaWorker | None, tokens: list[int], threa
         with torch.inference_mode():
             for tok in tokens:
                 t0 = time.perf_counter()
-                model.logits(model(torch.tensor([tok]), pos, _no_attention))
+                model.logits(model(torch.tensor([tok]), pos, no_attention))
                 times.append(time.perf_counter() - t0)
         return times
     for want in tokens:
@@ -196,11 +197,6 @@ def _decode_block(arm: Arm, worker: LlamaWorker | None, tokens: list[int], threa
         read = arm.seq.reads[-1]
         arm.kv_bytes.append(read.global_bytes + read.sliding_bytes)
     return times
-
-
-def _no_attention(layer: int, q, k, v, *, scale: float, window: int | None):
-    """An ``AttentionFn`` that reads nothing: what is left of a step is weights and the rest."""
-    return q
 
 
 def profile_step(arm: Arm, threads: int, steps: int = 3) -> dict[str, float]:
