@@ -13,7 +13,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 from gguf_samples import gguf_blocks
 
@@ -46,13 +46,31 @@ def _rel(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("kind", NATIVE, ids=lambda k: k.name)
 @pytest.mark.parametrize("m", [1, 37])  # a decode row; a prefill chunk
-def test_kernel_matches_the_dequantised_matmul(op, kind, m):
-    blocks, w = _case(kind)
+@pytest.mark.parametrize("cols", [512, 864])  # 864: 27 blocks of 32, 3 super-blocks of 256
+def test_kernel_matches_the_dequantised_matmul(op, kind, m, cols):
+    """Rows not a multiple of 4 or 16, blocks not a multiple of 8: every tail is taken."""
+    if cols % GGML_QUANT_SIZES[kind][0]:
+        cols = cols // 256 * 256 + 256
+    blocks, w = _case(kind, rows=50, cols=cols)
     x = torch.randn(m, w.shape[1], generator=torch.Generator().manual_seed(m))
     ref = x.double() @ w.t()
     assert _rel(op(x, blocks, int(kind)), ref) < 0.02
     y16 = op(x.bfloat16(), blocks, int(kind))
     assert y16.dtype == torch.bfloat16 and _rel(y16, ref) < 0.02
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU")
+def test_kernels_run_on_the_threads_torch_is_given(op):
+    """Built without OpenMP, torch's ``at::parallel_for`` runs on one thread whatever
+    ``torch.set_num_threads`` says (both native kernels did, until this test)."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.ops.declattn_gguf.threads_used(64) == 2
+        torch.set_num_threads(1)
+        assert torch.ops.declattn_gguf.threads_used(64) == 1
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_kernel_is_the_same_on_one_and_two_threads(op):

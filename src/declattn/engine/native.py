@@ -37,7 +37,13 @@ from torch import Tensor
 from declattn.engine.paths import cache_root
 
 SOURCE = Path(__file__).with_name("csrc") / "decode_attn.cpp"
-CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-std=c++17", "-fPIC", "-shared")
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-std=c++17", "-fPIC",
+          "-shared")
+"""``-fopenmp``: torch's ``at::parallel_for`` is a header template that runs on several
+threads only where the including file is compiled with OpenMP (torch's own build is);
+without it a kernel ran on one thread whatever ``torch.set_num_threads`` said. The
+library links the ``libgomp.so.1`` torch ships and has loaded, so one OpenMP runtime
+serves both."""
 ENV_SWITCH = "DECLATTN_DECODE_KERNEL"
 
 DecodeOp = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float, int], Tensor]
