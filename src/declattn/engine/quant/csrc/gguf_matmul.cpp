@@ -69,8 +69,8 @@ inline float fp16(const uint8_t* p) {
 
 // --- activations rounded to int8 -----------------------------------------------------------
 
-// One row of x rounded to int8 in blocks of 32, one scale each. Per-block arrays are padded
-// with zeros to a multiple of 8 blocks (the vector paths read eight at a time).
+// One row of x rounded to int8 in blocks of 32, one scale each. The K formats read the
+// per-block arrays eight blocks (one super-block) at a time.
 struct Q8Row {
   const int8_t* q;
   const float* d;       // scale, per 32
@@ -230,15 +230,14 @@ float dot_q6_k(const uint8_t* w, const Q8Row& x, int64_t nb) {
 
 // --- the same with AVX2 ----------------------------------------------------------------------
 //
-// Each block's dot product is integer work (u8 x s8 pairs, ``maddubs``). Rather than turn
-// every block's eight partial sums into a float and scale it (a multiply and a dependent
-// add per block), eight blocks' sums are reduced together (``hsum8``) into one vector of
-// eight block sums, scaled by eight weight scales times eight activation scales in one
-// multiply-add. Codes stored with an offset (Q4_0's 8, Q5_0's 16, Q6_K's 32) are used as
-// unsigned and the offset times the activation block's sum is taken off in integers.
-// Rows are read one after another, one stream, with software prefetch ``kAhead`` bytes on:
-// four rows read side by side (the former layout) left the hardware prefetcher behind
-// (3.8 of 15 GB/s on this 2-core Zen 3).
+// Each block's dot product is integer work (u8 x s8 pairs, ``maddubs``). Codes stored with
+// an offset (Q4_0's 8, Q5_0's 16, Q6_K's 32) are used as unsigned bytes and the offset
+// times the activation block's sum is taken off once per block. The K formats reduce a
+// super-block's eight per-32 sums together (``hsum8``) and scale them in one vector
+// multiply-add (rather than a multiply and a dependent add per 32), one row at a time
+// with software prefetch ``kAhead`` bytes on; the 32-value formats go four rows at a time
+// and prefetch the group of rows ahead (``rows32``). Without prefetch, four rows read side
+// by side left the hardware prefetcher behind (3.8 of 15 GB/s on this 2-core Zen 3).
 
 #if defined(__AVX2__)
 constexpr int64_t kAhead = 1024;
@@ -565,10 +564,10 @@ constexpr int64_t kRows = 16;
 template <typename T>
 at::Tensor gguf_linear_t(const at::Tensor& x, const at::Tensor& w, const Format& f) {
   const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
-  const int64_t nab = (k / 32 + 7) / 8 * 8;  // blocks of 32, padded (see Q8Row)
+  const int64_t nab = k / 32;
   std::vector<int8_t> q(m * k);
-  std::vector<float> d(m * nab, 0.0f), sums(m * nab, 0.0f);
-  std::vector<int32_t> isum(m * nab, 0), bsum(m * 2 * nab, 0);
+  std::vector<float> d(m * nab), sums(m * nab);
+  std::vector<int32_t> isum(m * nab), bsum(m * 2 * nab);
   const T* xp = x.data_ptr<T>();
   at::parallel_for(0, m, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
