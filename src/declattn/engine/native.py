@@ -11,9 +11,15 @@ version, the compiler flags and the CPU's feature flags, so a change of any of t
 builds afresh and a cache shared between machines never loads code built for another
 CPU.
 
-If it cannot be built (no compiler, a failing build), decode attention falls back to
-torch ops, with one warning that names the cause and the fix. ``DECLATTN_DECODE_KERNEL=torch``
-selects the fallback on purpose, without the warning.
+A compiler without OpenMP (Apple clang with no libomp) fails the build with
+``-fopenmp``; it is then built once more without it, so the kernel still loads but runs
+on one thread, and every use of that library says so in one warning (cause, cost, fix).
+The failed attempt's log, kept at the OpenMP key, is what later processes go by: while
+it is there they load the library built without OpenMP instead of failing again.
+
+If it cannot be built at all (no compiler, a failing build), decode attention falls back
+to torch ops, with one warning that names the cause and the fix.
+``DECLATTN_DECODE_KERNEL=torch`` selects the fallback on purpose, without the warning.
 """
 
 from __future__ import annotations
@@ -44,6 +50,10 @@ threads only where the including file is compiled with OpenMP (torch's own build
 without it a kernel ran on one thread whatever ``torch.set_num_threads`` said. The
 library links the ``libgomp.so.1`` torch ships and has loaded, so one OpenMP runtime
 serves both."""
+OPENMP = "-fopenmp"
+CFLAGS_NO_OPENMP = tuple(flag for flag in CFLAGS if flag != OPENMP)
+"""The retry for a compiler that rejects ``-fopenmp``: a kernel that builds and loads but
+runs on one thread is still far faster than the torch fallback."""
 ENV_SWITCH = "DECLATTN_DECODE_KERNEL"
 
 DecodeOp = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float, int], Tensor]
@@ -70,21 +80,28 @@ def _compiler() -> str:
     return cxx
 
 
-def build_key(cxx: str, source: Path = SOURCE) -> str:
-    """What a built library depends on, hashed: source, torch, compiler, flags, CPU."""
+def build_key(cxx: str, source: Path = SOURCE, flags: tuple[str, ...] = CFLAGS) -> str:
+    """What a built library depends on, hashed: source, torch, compiler, flags, CPU. The
+    flags are those of the build, so one without OpenMP never passes for one with it."""
     h = hashlib.sha256()
-    for part in (source.read_bytes(), torch.__version__.encode(), cxx.encode(),
-                 " ".join(CFLAGS).encode(), platform.machine().encode(), _cpu_flags().encode()):
+    for part in (
+        source.read_bytes(),
+        torch.__version__.encode(),
+        cxx.encode(),
+        " ".join(flags).encode(),
+        platform.machine().encode(),
+        _cpu_flags().encode(),
+    ):
         h.update(part)
         h.update(b"\0")
     return h.hexdigest()[:16]
 
 
-def _command(cxx: str, source: Path, out: Path) -> list[str]:
+def _command(cxx: str, flags: tuple[str, ...], source: Path, out: Path) -> list[str]:
     from torch.utils import cpp_extension
 
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    cmd = [cxx, *CFLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    cmd = [cxx, *flags, f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
     for inc in cpp_extension.include_paths():
         cmd += ["-isystem", inc]
     cmd += [str(source), "-o", str(out)]
@@ -93,16 +110,16 @@ def _command(cxx: str, source: Path, out: Path) -> list[str]:
     return [*cmd, "-lc10", "-ltorch_cpu"]
 
 
-def build_library(source: Path, directory: Path | None = None) -> Path:
-    """Compile a one-file torch op library (unless already built for this key) into
-    ``<directory or cache root/kernels>/<key>/<name>.so`` and return its path.
+def _first_error(log: str) -> str:
+    return next((ln.strip() for ln in log.splitlines() if "error" in ln), "") or "see log"
+
+
+def _compile(cxx: str, flags: tuple[str, ...], source: Path, target: Path) -> Path:
+    """Build ``target`` with ``flags`` unless it exists; on failure leave the compiler's
+    output at ``<target>.log`` and raise.
 
     Concurrent builds are safe: each compiles to a temporary file and renames it into
-    place, so a reader sees either no library or a whole one. Any kernel of the engine
-    is built through here (one compiler policy, one cache layout)."""
-    cxx = _compiler()
-    root = directory if directory is not None else cache_root() / "kernels"
-    target = root / build_key(cxx, source) / f"{source.stem}.so"
+    place, so a reader sees either no library or a whole one."""
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -114,16 +131,56 @@ def build_library(source: Path, directory: Path | None = None) -> Path:
     os.close(fd)
     tmp = Path(tmp_name)
     try:
-        done = subprocess.run(_command(cxx, source, tmp), capture_output=True, text=True)
+        done = subprocess.run(_command(cxx, flags, source, tmp), capture_output=True, text=True)
         if done.returncode != 0:
             log = target.with_suffix(".log")
             log.write_text(done.stderr)
-            first = next((ln for ln in done.stderr.splitlines() if "error" in ln), "")
-            raise KernelBuildError(f"{cxx} failed ({first.strip() or 'see log'}); log: {log}")
+            raise KernelBuildError(f"{cxx} failed ({_first_error(done.stderr)}); log: {log}")
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
     return target
+
+
+def _warn_one_thread(cxx: str, source: Path, log: Path) -> None:
+    warnings.warn(
+        f"declattn: {cxx} rejected {OPENMP} ({_first_error(log.read_text())}; log: {log}), "
+        f"so {source.name} was built without it and its kernels run on one thread, whatever "
+        "torch.set_num_threads says. Fix: install an OpenMP runtime (libomp, e.g. `brew "
+        "install libomp`, or g++), or set CXX to a compiler with OpenMP; after installing, "
+        f"delete {log} to rebuild with it.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+
+
+def build_library(source: Path, directory: Path | None = None) -> Path:
+    """Compile a one-file torch op library (unless already built for this key) into
+    ``<directory or cache root/kernels>/<key>/<name>.so`` and return its path. Any kernel
+    of the engine is built through here (one compiler policy, one cache layout).
+
+    Built with ``CFLAGS``; if that fails, once more with ``CFLAGS_NO_OPENMP`` (one
+    warning: one thread). The failed attempt's log stays at the OpenMP key, and while it
+    is there and the library without OpenMP exists, that library is loaded straight away
+    (with the warning again): a compiler without OpenMP would otherwise be asked to fail
+    at every process start. Deleting the log (after installing OpenMP) tries again; a
+    different compiler is a different key. Only a failure of both builds raises."""
+    cxx = _compiler()
+    root = directory if directory is not None else cache_root() / "kernels"
+    name = f"{source.stem}.so"
+    target = root / build_key(cxx, source) / name
+    serial = root / build_key(cxx, source, CFLAGS_NO_OPENMP) / name
+    failed = target.with_suffix(".log")
+    if target.exists():
+        return target
+    if not (serial.exists() and failed.exists()):
+        try:
+            return _compile(cxx, CFLAGS, source, target)
+        except KernelBuildError:
+            pass
+    _compile(cxx, CFLAGS_NO_OPENMP, source, serial)
+    _warn_one_thread(cxx, source, failed)
+    return serial
 
 
 def load_op(source: Path, op: Callable[[], object], env_switch: str, fallback: str) -> Any:
