@@ -2,8 +2,10 @@
 
 For each kind of matrix (``gate_proj`` in Q5_0, the output head in Q8_0, ...): the best
 of 5 passes over all matrices of that kind (so the weights do not sit in cache), their
-bytes, and the bytes per second the GGUF kernel reached. Usage:
-``python scripts/gguf_matrix_profile.py [--model qwen2.5-0.5b] [--threads 1]``
+bytes, and the bytes per second the GGUF kernel reached. ``--rows 8``: a batch of eight
+decode rows (a server step with eight sequences), where each tile of weight rows is read
+from memory once and from cache seven more times. Usage:
+``python scripts/gguf_matrix_profile.py [--model qwen2.5-0.5b] [--threads 1] [--rows 1]``
 (docs/benchmarks.md quotes it).
 """
 
@@ -24,6 +26,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-0.5b")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rows", type=int, default=1, help="decode rows per call (batch)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     engine = Engine.from_pretrained(args.model)
@@ -34,7 +37,7 @@ def main() -> None:
             kinds[(name.split(".")[-1], fmt, m.out_features, m.in_features)].append(m)
     total = 0.0
     for key, mods in sorted(kinds.items(), key=lambda kv: -sum(m.blocks.numel() for m in kv[1])):
-        x = torch.randn(1, key[3], dtype=torch.bfloat16)
+        x = torch.randn(args.rows, key[3], dtype=torch.bfloat16)
         for m in mods:
             m(x)
         best = float("inf")
@@ -47,7 +50,7 @@ def main() -> None:
         total += best
         print(f"{key[0]:>12} {key[1]:>5} {key[2]}x{key[3]} x{len(mods):>2}: {best * 1e3:7.2f} ms,"
               f" {nbytes / 1e6:6.1f} MB, {nbytes / best / 1e9:5.2f} GB/s")
-    print(f"all matrices: {total * 1e3:.1f} ms per decode row")
+    print(f"all matrices: {total * 1e3:.1f} ms per call of {args.rows} decode row(s)")
 
 
 if __name__ == "__main__":
