@@ -1,0 +1,97 @@
+"""How fast one decode row's weights can be read here, against how fast the GGUF kernel reads them.
+
+Three passes over every GGUF matrix of a model, in the model's order (as a decode step
+reads them), interleaved with the bench's read-bandwidth probe so that all four see the
+same minutes and neighbours:
+
+- ``kernel``: one decode row through each matrix (``GGUFLinear``, the real path);
+- ``same pattern``: the same bytes loaded in the kernel's order (groups of rows side by
+  side, software prefetch, the same tiles over the threads) and nothing computed;
+- ``row by row``: the same bytes loaded one row after another (one stream per thread);
+- ``probe``: torch's sum of one 256 MB buffer (``declattn.bench.machine.BandwidthProbe``,
+  the figure bench peers divides by).
+
+If ``kernel`` ~ ``same pattern``, arithmetic is not what bounds the weights; if ``same
+pattern`` is slower than ``row by row``, the access pattern is. Usage:
+``python scripts/weight_read_ceiling.py [--model qwen2.5-0.5b] [--threads 1] [--passes 7]``
+(docs/benchmarks.md quotes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from declattn.api import Engine
+from declattn.bench.machine import BandwidthProbe
+from declattn.engine.native import build_library
+from declattn.engine.quant.linear import GGUFLinear
+
+SOURCE = Path(__file__).with_name("csrc") / "read_ceiling.cpp"
+BLOCK_BYTES = {2: 18, 3: 20, 6: 22, 8: 34, 12: 144, 14: 210}
+SIDE_BY_SIDE = {2: 8, 3: 8, 6: 8, 8: 4, 12: 1, 14: 1}
+"""Rows the kernel reads side by side per format (``rows`` in gguf_matmul.cpp's block
+structs; the K formats go one row at a time)."""
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-0.5b")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--passes", type=int, default=7)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.ops.load_library(str(build_library(SOURCE)))
+    touch = torch.ops.declattn_read.touch
+    engine = Engine.from_pretrained(args.model)
+    mods = [m for m in engine.loaded.model.modules() if isinstance(m, GGUFLinear)]
+    nbytes = sum(m.blocks.numel() for m in mods)
+    xs = {k: torch.randn(1, k, dtype=torch.bfloat16) for k in {m.in_features for m in mods}}
+    passes = {
+        "kernel": lambda: [m(xs[m.in_features]) for m in mods],
+        "same pattern": lambda: [
+            touch(m.blocks, BLOCK_BYTES[m.ggml_type], SIDE_BY_SIDE[m.ggml_type]) for m in mods
+        ],
+        "row by row": lambda: [touch(m.blocks, BLOCK_BYTES[m.ggml_type], 1) for m in mods],
+    }
+    probe = BandwidthProbe()
+    probe.sample()  # first touch of the probe's pages is not bandwidth
+    probe.copies.clear()
+    probe.reads.clear()
+    times: dict[str, list[float]] = {name: [] for name in passes}
+    for fn in passes.values():
+        fn()  # warm: kernels built, code paged in
+    for _ in range(args.passes):
+        for name, fn in passes.items():
+            probe.flush()  # every pass starts with the weights out of cache
+            times[name].append(timed(fn))
+        probe.sample()
+    print(
+        f"{args.model}: {len(mods)} matrices, {nbytes / 1e6:.1f} MB, {args.threads} thread(s),"
+        f" best / median of {args.passes}"
+    )
+    for name, ts in times.items():
+        best, med = min(ts), statistics.median(ts)
+        print(
+            f"{name:>13}: {best * 1e3:6.1f} / {med * 1e3:6.1f} ms, "
+            f"{nbytes / best / 1e9:5.2f} / {nbytes / med / 1e9:5.2f} GB/s"
+        )
+    bw = probe.result()
+    print(
+        f"{'probe':>13}: {bw.read_best / 1e9:5.2f} / {bw.read_median / 1e9:5.2f} GB/s "
+        f"(torch sum of {bw.buffer_bytes / 2**20:.0f} MB)"
+    )
+
+
+if __name__ == "__main__":
+    main()
