@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from declattn.engine.attention_api import AttentionFn
+from declattn.engine.models import fused
 from declattn.engine.models.config import ModelConfig, RopeConfig
 
 
@@ -30,6 +31,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        fast = fused.rms_norm(x, self.weight, self.eps, self.unit_offset)
+        if fast is not None:
+            return fast
         x32 = x.float()
         y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.unit_offset:
@@ -78,6 +82,9 @@ class Rotary:
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate ``x`` ``[T, H, D]`` in the half-split layout (first half, second half), in fp32."""
+    fast = fused.rotary(x, cos, sin)
+    if fast is not None:
+        return fast
     x32 = x.float()
     half = x32.shape[-1] // 2
     x1, x2 = x32[..., :half], x32[..., half:]
