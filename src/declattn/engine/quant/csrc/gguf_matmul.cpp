@@ -290,9 +290,11 @@ inline __m256i bits_to_bytes(const uint8_t* qh) {  // bit i of 32 -> byte i is 0
 // The 32-value formats, ``rows`` rows at a time: each activation block is loaded once for
 // the rows, each row's block dot stays integer (eight i32 lanes), and the rows are reduced
 // together (``hsum8``: lane r = row r) so that the scales, the code offset and the
-// conversion to float are one vector operation per group rather than one per row: Q5_0
-// held in L2 went from 4.3 to 8.4 GB/s on one Zen 3 core. Q8_0, whose codes need no
-// unpacking, reads four rows (eight were slower from memory: eight streams).
+// conversion to float are one vector operation per group rather than one per row. Against
+// four rows with per-row float work, on qwen2.5-0.5b's blocks alternated in one process
+// (2-core Zen 3): one decode row 1.08x faster on one thread, the same on two (memory
+// bounds it there: scripts/weight_read_ceiling.py); eight rows 1.16x / 1.08x. Q8_0, whose
+// codes need no unpacking, reads four rows (eight were slower from memory).
 struct BQ8_0 {
   static constexpr int64_t bytes = 34;
   static constexpr int rows = 4;
