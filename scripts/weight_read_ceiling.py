@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from declattn.api import Engine
 from declattn.bench.machine import BandwidthProbe
@@ -32,10 +33,14 @@ from declattn.engine.native import build_library
 from declattn.engine.quant.linear import GGUFLinear
 
 SOURCE = Path(__file__).with_name("csrc") / "read_ceiling.cpp"
-BLOCK_BYTES = {2: 18, 3: 20, 6: 22, 8: 34, 12: 144, 14: 210}
 SIDE_BY_SIDE = {2: 8, 3: 8, 6: 8, 8: 4, 12: 1, 14: 1}
 """Rows the kernel reads side by side per format (``rows`` in gguf_matmul.cpp's block
 structs; the K formats go one row at a time)."""
+
+
+def block_bytes(ggml_type: int) -> int:
+    """Bytes per block of a ggml type, as gguf-py gives them."""
+    return GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)][1]
 
 
 def timed(fn) -> float:
@@ -60,9 +65,9 @@ def main() -> None:
     passes = {
         "kernel": lambda: [m(xs[m.in_features]) for m in mods],
         "same pattern": lambda: [
-            touch(m.blocks, BLOCK_BYTES[m.ggml_type], SIDE_BY_SIDE[m.ggml_type]) for m in mods
+            touch(m.blocks, block_bytes(m.ggml_type), SIDE_BY_SIDE[m.ggml_type]) for m in mods
         ],
-        "row by row": lambda: [touch(m.blocks, BLOCK_BYTES[m.ggml_type], 1) for m in mods],
+        "row by row": lambda: [touch(m.blocks, block_bytes(m.ggml_type), 1) for m in mods],
     }
     probe = BandwidthProbe()
     probe.sample()  # first touch of the probe's pages is not bandwidth

@@ -23,8 +23,8 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
-#include <vector>
 
 namespace {
 

@@ -6,9 +6,8 @@ per op, not their arithmetic, is what a decode step pays: ~97 such calls per ste
 the activation dtype where the torch code rounds), built and cached like the other
 kernels (``engine/native.py``). Anything it does not take (a GPU tensor, fp16, a weight
 in another dtype than the activations, a gradient wanted: it has no backward) returns
-``None`` and the caller runs its torch
-code; so does a machine where it cannot be built (one warning, from ``load_op``) or
-``DECLATTN_LAYER_KERNEL=torch`` (chosen: no warning).
+``None`` and the caller runs its torch code; so does a machine where it cannot be built
+(one warning, from ``load_op``) or ``DECLATTN_LAYER_KERNEL=torch`` (chosen: no warning).
 """
 
 from __future__ import annotations
