@@ -33,9 +33,10 @@ from declattn.engine.native import build_library
 from declattn.engine.quant.linear import GGUFLinear
 
 SOURCE = Path(__file__).with_name("csrc") / "read_ceiling.cpp"
-SIDE_BY_SIDE = {2: 8, 3: 8, 6: 8, 8: 4, 12: 1, 14: 1}
-"""Rows the kernel reads side by side per format (``rows`` in gguf_matmul.cpp's block
-structs; the K formats go one row at a time)."""
+SIDE_BY_SIDE = {2: 8, 3: 8, 6: 8, 8: 4, 12: 1, 14: 1, 1006: 1}
+"""Rows the kernel reads side by side per layout it is given (``kernel_type``: ``rows`` in
+gguf_dot_avx2.h's block structs; the K formats go one row at a time, and Q5_0 regrouped by
+eight rows, 1006, is one run of memory)."""
 
 
 def block_bytes(ggml_type: int) -> int:
@@ -65,7 +66,7 @@ def main() -> None:
     passes = {
         "kernel": lambda: [m(xs[m.in_features]) for m in mods],
         "same pattern": lambda: [
-            touch(m.blocks, block_bytes(m.ggml_type), SIDE_BY_SIDE[m.ggml_type]) for m in mods
+            touch(m.blocks, block_bytes(m.ggml_type), SIDE_BY_SIDE[m.kernel_type]) for m in mods
         ],
         "row by row": lambda: [touch(m.blocks, block_bytes(m.ggml_type), 1) for m in mods],
     }

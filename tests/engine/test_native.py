@@ -179,6 +179,17 @@ def test_build_key_follows_source_torch_and_cpu(monkeypatch) -> None:
     assert native.build_key("c++") != key
 
 
+def test_build_key_follows_the_headers_beside_the_source(tmp_path) -> None:
+    """A kernel split into a source and headers is rebuilt when a header changes."""
+    source = tmp_path / "k.cpp"
+    source.write_text('#include "k.h"\n')
+    header = tmp_path / "k.h"
+    header.write_text("int a = 1;\n")
+    key = native.build_key("c++", source)
+    header.write_text("int a = 2;\n")
+    assert native.build_key("c++", source) != key
+
+
 TINY_OP = """#include <torch/library.h>
 int64_t twice(int64_t x) { return 2 * x; }
 TORCH_LIBRARY(declattn_test_no_openmp, m) { m.def("twice(int x) -> int", twice); }

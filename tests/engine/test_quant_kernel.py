@@ -99,6 +99,48 @@ def test_layer_dequantises_to_the_file_weight_and_keeps_its_bytes(op, kind):
     assert _rel(layer(many), ref) < 1e-5 < _rel(op(many, blocks, int(kind)), ref)
 
 
+REGROUPED = 1006  # gguf_q5_0_rows8.h's id for Q5_0 regrouped by eight rows
+
+
+def _avx2() -> bool:
+    return "avx2" in open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else False
+
+
+@pytest.mark.parametrize("rows,cols", [(50, 864), (8, 32), (96, 512), (7, 64)])
+def test_regrouped_q5_0_gives_the_file_layouts_results_bit_for_bit(op, rows, cols):
+    """The regrouped layout is the same integer work in another order of bytes: any bit
+    of a code, a high bit or a scale put in the wrong place changes the output. Rows past
+    the last group of eight (50 = 6 x 8 + 2) stay in the file's layout."""
+    ops = kernel.gguf_ops()
+    blocks, w = _case(Q.Q5_0, rows=rows, cols=cols)
+    packed, kind = ops.gguf_repack(blocks, int(Q.Q5_0))
+    if rows < 8 or not _avx2():
+        assert kind == int(Q.Q5_0) and torch.equal(packed, blocks)
+        return
+    assert kind == REGROUPED and packed.shape == blocks.shape
+    assert not torch.equal(packed, blocks)
+    assert torch.equal(ops.gguf_unpack(packed, kind), blocks)
+    assert torch.equal(ops.gguf_dequantize(packed, kind, cols),
+                       ops.gguf_dequantize(blocks, int(Q.Q5_0), cols))
+    for m in (1, 3, 17):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)).to(dtype)
+            assert torch.equal(op(x, packed, kind), op(x, blocks, int(Q.Q5_0))), (m, dtype)
+
+
+def test_a_layer_keeps_the_kernels_layout_and_gives_the_files_back(op):
+    blocks, w = _case(Q.Q5_0, rows=64)
+    layer = GGUFLinear(blocks, int(Q.Q5_0), w.shape[1])
+    plain = GGUFLinear(blocks, int(Q.Q5_0), w.shape[1], regroup=False)
+    assert layer.ggml_type == plain.kernel_type == int(Q.Q5_0)
+    assert layer.kernel_type == (REGROUPED if _avx2() else int(Q.Q5_0))
+    assert torch.equal(layer.file_blocks(), blocks) and torch.equal(plain.file_blocks(), blocks)
+    assert layer.weight_bytes == plain.weight_bytes == blocks.numel()
+    x = torch.randn(1, w.shape[1])
+    assert torch.equal(layer(x), plain(x))
+    assert torch.equal(layer.dequantized(), plain.dequantized())
+
+
 def test_bias_is_added_on_both_paths(op):
     blocks, w = _case(Q.Q8_0)
     layer = GGUFLinear(blocks, int(Q.Q8_0), w.shape[1])
@@ -128,7 +170,7 @@ def test_portable_build_agrees_with_the_vector_build(op, tmp_path):
         kernel.SOURCE.read_text().replace("TORCH_LIBRARY(declattn_gguf,", "TORCH_LIBRARY(dq_test,")
     )
     lib = tmp_path / "portable.so"
-    cmd = ["g++", "-O2", "-std=c++17", "-fPIC", "-shared",
+    cmd = ["g++", "-O2", "-std=c++17", "-fPIC", "-shared", "-I", str(kernel.SOURCE.parent),
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
     for inc in cpp_extension.include_paths():
         cmd += ["-isystem", inc]

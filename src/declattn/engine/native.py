@@ -1,15 +1,15 @@
 """Kernels compiled for this machine: the fused decode attention (``csrc/decode_attn.cpp``),
-and ``build_library``/``load_op``, through which any one-file kernel of the engine is
-built and loaded.
+and ``build_library``/``load_op``, through which any kernel of the engine (one source
+file, and the headers beside it) is built and loaded.
 
 Why compiled here rather than shipped: a kernel is built with ``-march=native`` for the
 CPU that runs it (AVX2, AVX-512 or NEON from one source), against the torch already
 installed, so nothing is downloaded and no other torch build can be pulled in. The
 first use compiles it (one ``c++`` call, no ninja, 20 s of CPU; about a minute on a busy
-2-core machine) into ``<cache root>/kernels/<key>/``; the key covers the source, the torch
-version, the compiler flags and the CPU's feature flags, so a change of any of them
-builds afresh and a cache shared between machines never loads code built for another
-CPU.
+2-core machine) into ``<cache root>/kernels/<key>/``; the key covers the source (headers
+included), the torch version, the compiler flags and the CPU's feature flags, so a
+change of any of them builds afresh and a cache shared between machines never loads
+code built for another CPU.
 
 A compiler without OpenMP (Apple clang with no libomp) fails the build with
 ``-fopenmp``; it is then built once more without it, so the kernel still loads but runs
@@ -81,11 +81,14 @@ def _compiler() -> str:
 
 
 def build_key(cxx: str, source: Path = SOURCE, flags: tuple[str, ...] = CFLAGS) -> str:
-    """What a built library depends on, hashed: source, torch, compiler, flags, CPU. The
-    flags are those of the build, so one without OpenMP never passes for one with it."""
+    """What a built library depends on, hashed: source and the headers beside it, torch,
+    compiler, flags, CPU. The flags are those of the build, so one without OpenMP never
+    passes for one with it."""
     h = hashlib.sha256()
+    headers = sorted(source.parent.glob("*.h"))
     for part in (
         source.read_bytes(),
+        *(f"{p.name}\n".encode() + p.read_bytes() for p in headers),
         torch.__version__.encode(),
         cxx.encode(),
         " ".join(flags).encode(),
@@ -155,7 +158,7 @@ def _warn_one_thread(cxx: str, source: Path, log: Path) -> None:
 
 
 def build_library(source: Path, directory: Path | None = None) -> Path:
-    """Compile a one-file torch op library (unless already built for this key) into
+    """Compile a torch op library from one source file (unless already built for this key) into
     ``<directory or cache root/kernels>/<key>/<name>.so`` and return its path. Any kernel
     of the engine is built through here (one compiler policy, one cache layout).
 

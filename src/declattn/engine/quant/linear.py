@@ -66,9 +66,16 @@ class GGUFLinear(QuantLinear):
     as llama.cpp does; many rows (a prefill chunk) through the dequantised fp32 weight and
     a float GEMM, which is faster there (compute-bound, not byte-bound). The ops are
     looked up once, here: a decode step makes ~170 of these calls, and Python's own
-    cost per call (~30 us when looked up per call) was a tenth of a SmolLM2 step."""
+    cost per call (~30 us when looked up per call) was a tenth of a SmolLM2 step.
 
-    def __init__(self, blocks: Tensor, ggml_type: int, in_features: int) -> None:
+    ``blocks`` is held in the layout the kernel reads fastest (``gguf_repack``: Q5_0 rows
+    regrouped by eight on AVX2, the same bytes; ``regroup=False`` keeps the file's), and
+    ``kernel_type`` names it; ``ggml_type`` stays the file's format and ``file_blocks()``
+    gives the bytes back as the file holds them."""
+
+    def __init__(
+        self, blocks: Tensor, ggml_type: int, in_features: int, *, regroup: bool = True
+    ) -> None:
         super().__init__()
         from declattn.engine.quant.kernel import gguf_ops
 
@@ -76,25 +83,34 @@ class GGUFLinear(QuantLinear):
         if ops is None:
             raise RuntimeError("the GGUF matmul kernel is not available (see the warning)")
         self._matmul, self._dequantize = ops.gguf_linear, ops.gguf_dequantize
+        self._unpack = ops.gguf_unpack
         self.out_features, self.in_features = blocks.shape[0], in_features
         self.ggml_type = ggml_type
+        blocks = blocks.contiguous()
+        self.kernel_type = ggml_type
+        if regroup:
+            blocks, self.kernel_type = ops.gguf_repack(blocks, ggml_type)
         self.register_buffer("blocks", blocks)
         self.bias = None
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() == 2 and x.shape[0] < GEMM_ROWS:  # a decode step: the short way
-            y = self._matmul(x.contiguous(), self.blocks, self.ggml_type)
+            y = self._matmul(x.contiguous(), self.blocks, self.kernel_type)
             return y if self.bias is None else y + self.bias
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).contiguous()
         if x2.shape[0] >= GEMM_ROWS:
             y = F.linear(x2.float(), self.dequantized()).to(x.dtype)
         else:
-            y = self._matmul(x2, self.blocks, self.ggml_type)
+            y = self._matmul(x2, self.blocks, self.kernel_type)
         return self._finish(y, shape)
 
     def dequantized(self) -> Tensor:
-        return self._dequantize(self.blocks, self.ggml_type, self.in_features)
+        return self._dequantize(self.blocks, self.kernel_type, self.in_features)
+
+    def file_blocks(self) -> Tensor:
+        """The blocks in the GGUF file's layout (what the packed cache file stores)."""
+        return self._unpack(self.blocks, self.kernel_type)
 
 
 class Int4Linear(QuantLinear):

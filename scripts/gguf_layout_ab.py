@@ -1,0 +1,112 @@
+"""The GGUF kernel on Q5_0 regrouped by eight rows against the file's own layout, alternated.
+
+Both layouts of every GGUF matrix are held in one process (``GGUFLinear(...,
+regroup=False)`` beside the loaded, regrouped layers) and timed in turns, so that both
+see the same minutes and neighbours on a noisy machine:
+
+- ``matrices``: one decode row through all the model's GGUF matrices in the model's
+  order (a decode step's weights), best and median of ``--passes``;
+- ``--step``: a whole 4K-token vanilla decode step of the engine (``declattn bench
+  peers``'s prompt, KV from ``prefill_synthetic``), each layout put in the model in
+  turn, the median of six steps per block, best and median over eight blocks.
+
+Usage: ``python scripts/gguf_layout_ab.py [--model qwen2.5-0.5b] [--threads 1] [--step]``
+(docs/engine.md quotes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from declattn.api import Engine
+from declattn.bench import peers
+from declattn.engine.quant.linear import GGUFLinear
+
+
+def file_layout(layers: dict[str, GGUFLinear]) -> dict[str, GGUFLinear]:
+    """The same layers holding the file's layout (bias shared)."""
+    out = {}
+    for name, m in layers.items():
+        out[name] = GGUFLinear(m.file_blocks(), m.ggml_type, m.in_features, regroup=False)
+        out[name].bias = m.bias
+    return out
+
+
+def put(model: torch.nn.Module, layers: dict[str, GGUFLinear]) -> None:
+    for name, layer in layers.items():
+        parent, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(parent) if parent else model, leaf, layer)
+
+
+def report(name: str, times: list[float], nbytes: int | None = None) -> None:
+    best, med = min(times), statistics.median(times)
+    rate = f" ({nbytes / best / 1e9:.1f} / {nbytes / med / 1e9:.1f} GB/s)" if nbytes else ""
+    print(f"{name:>24}: best {best * 1e3:6.1f} ms, median {med * 1e3:6.1f} ms{rate}")
+
+
+def matrices(layouts: dict[str, dict[str, GGUFLinear]], passes: int) -> None:
+    xs = {}
+    for layers in layouts.values():
+        for m in layers.values():
+            xs.setdefault(m.in_features, torch.randn(1, m.in_features, dtype=torch.bfloat16))
+    times: dict[str, list[float]] = {name: [] for name in layouts}
+    for i in range(passes + 1):
+        for name, layers in layouts.items() if i % 2 else reversed(layouts.items()):
+            t0 = time.perf_counter()
+            for m in layers.values():
+                m(xs[m.in_features])
+            if i:  # the first pass warms both
+                times[name].append(time.perf_counter() - t0)
+    nbytes = sum(m.blocks.numel() for m in next(iter(layouts.values())).values())
+    for name, ts in times.items():
+        report(f"matrices, {name}", ts, nbytes)
+
+
+def step(engine: Engine, layouts: dict[str, dict[str, GGUFLinear]], threads: int) -> None:
+    cfg = peers.PeersConfig(contexts=(4096,), threads=(threads,), repeats=12)
+    sessions, tokens, tag_len = peers._prompt(engine, 4096, cfg)
+    arm = peers._declattn_arm(engine, "vanilla", sessions["vanilla"], tokens, cfg)
+    peers._prefill(arm, synthetic=True, seed=0)
+    for _ in range(tag_len + 2):
+        arm.engine.step()
+    times: dict[str, list[float]] = {name: [] for name in layouts}
+    for i in range(8):
+        for name, layers in layouts.items() if i % 2 else reversed(layouts.items()):
+            put(engine.loaded.model, layers)
+            steps = []
+            for _ in range(6):
+                t0 = time.perf_counter()
+                arm.engine.step()
+                steps.append(time.perf_counter() - t0)
+            times[name].append(statistics.median(steps))
+    for name, ts in times.items():
+        report(f"4K step, {name}", ts)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-0.5b")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--passes", type=int, default=9)
+    ap.add_argument("--step", action="store_true", help="also time a 4K vanilla decode step")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    engine = Engine.from_pretrained(args.model)
+    model = engine.loaded.model
+    loaded = {n: m for n, m in model.named_modules() if isinstance(m, GGUFLinear)}
+    regrouped = sum(m.kernel_type != m.ggml_type for m in loaded.values())
+    print(f"{args.model}: {len(loaded)} GGUF matrices, {regrouped} regrouped, "
+          f"{args.threads} thread(s)")
+    layouts = {"regrouped": loaded, "file layout": file_layout(loaded)}
+    matrices(layouts, args.passes)
+    if args.step:
+        step(engine, layouts, args.threads)
+    put(model, loaded)
+
+
+if __name__ == "__main__":
+    main()
