@@ -30,6 +30,7 @@ from declattn.engine.models.config import ConfigError, ModelConfig, UnsupportedA
 from declattn.engine.models.decoder import Decoder
 from declattn.engine.models.hf_names import internal_name
 from declattn.engine.paths import cache_root
+from declattn.engine.quant.fuse import fuse_gguf_projections
 from declattn.engine.quant.gguf_weights import QuantPolicy
 from declattn.engine.quant.linear import QuantLinear
 from declattn.engine.quant.store import QuantSummary, install, load_packed
@@ -303,6 +304,8 @@ def _load_hf_dir(
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:
         raise IncompleteModelError(f"{directory}: weights do not fit the config ({e})") from e
+    if quant is not None:
+        fuse_gguf_projections(model)  # q/k/v and gate/up: one kernel call each
     model.eval()
     return model, config, _load_tokenizer(directory, where), summary
 

@@ -102,16 +102,25 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
         self.activation = config.activation
+        self.gate_up_proj: nn.Module | None = None
+
+    def fuse_gate_up(self, fused: nn.Module) -> None:
+        """Compute gate and up through ``fused`` (its output: the two side by side, from
+        the two layers' own weights), one call instead of two (``quant/fuse.py``)."""
+        self.gate_up_proj = fused
 
     def forward(self, x: Tensor) -> Tensor:
-        gate = self.gate_proj(x)
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
         if self.activation == "silu":
             gate = F.silu(gate)
         elif self.activation == "gelu_tanh":
             gate = F.gelu(gate, approximate="tanh")
         else:
             gate = F.gelu(gate)
-        return self.down_proj(gate * self.up_proj(x))
+        return self.down_proj(gate * up)
 
 
 class Attention(nn.Module):
@@ -133,12 +142,26 @@ class Attention(nn.Module):
             self.k_norm: RMSNorm | None = RMSNorm(c.head_dim, c.rms_norm_eps, c.norm_unit_offset)
         else:
             self.q_norm = self.k_norm = None
+        self.qkv_proj: nn.Module | None = None
+
+    def fuse_qkv(self, fused: nn.Module) -> None:
+        """Compute q, k and v through ``fused`` (its output: the three side by side, from
+        the three layers' own weights), one call instead of three (``quant/fuse.py``)."""
+        self.qkv_proj = fused
+
+    def _qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        kv = self.num_kv_heads * self.head_dim
+        q, k, v = self.qkv_proj(x).split((self.num_heads * self.head_dim, kv, kv), dim=-1)
+        return q, k, v
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attn: AttentionFn) -> Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
+        q, k, v = self._qkv(x)
+        q = q.view(t, self.num_heads, self.head_dim)
+        k = k.view(t, self.num_kv_heads, self.head_dim)
+        v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)

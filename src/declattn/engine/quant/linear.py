@@ -83,7 +83,7 @@ class GGUFLinear(QuantLinear):
         if ops is None:
             raise RuntimeError("the GGUF matmul kernel is not available (see the warning)")
         self._matmul, self._dequantize = ops.gguf_linear, ops.gguf_dequantize
-        self._unpack = ops.gguf_unpack
+        self._matmul_cat, self._unpack = ops.gguf_linear_cat, ops.gguf_unpack
         self.out_features, self.in_features = blocks.shape[0], in_features
         self.ggml_type = ggml_type
         blocks = blocks.contiguous()
@@ -111,6 +111,51 @@ class GGUFLinear(QuantLinear):
     def file_blocks(self) -> Tensor:
         """The blocks in the GGUF file's layout (what the packed cache file stores)."""
         return self._unpack(self.blocks, self.kernel_type)
+
+
+class GGUFConcat(nn.Module):
+    """Several GGUF layers of one input as one layer, their outputs side by side: an
+    attention's q/k/v, or an MLP's gate/up (``quant/fuse.py``).
+
+    A decode row goes through all of them in one kernel call (``gguf_linear_cat``): the
+    row is rounded to int8 once and the matrices' tiles are one range over the threads,
+    so the small ones (qwen2.5-0.5b's 128-row k and v) no longer pay a call and a cold
+    start each. Each part keeps its own format and layout, and every output is computed
+    as the part alone computes it (bit for bit; tests). Prefill chunks go part by part.
+
+    The parts stay where they are in the model (their weights, state-dict names and
+    counts unchanged) and are only referred to here, not registered a second time."""
+
+    def __init__(self, parts: list[GGUFLinear]) -> None:
+        super().__init__()
+        if not parts or len({p.in_features for p in parts}) != 1:
+            raise ValueError("GGUFConcat: one or more GGUF layers of the same input width")
+        self._parts = list(parts)
+        self._matmul = parts[0]._matmul_cat
+        self._types = [p.kernel_type for p in parts]
+        self._bias = _joined_bias(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dim() == 2 and x.shape[0] < GEMM_ROWS:
+            y = self._matmul(x.contiguous(), [p.blocks for p in self._parts], self._types)
+            return y if self._bias is None else y + self._bias
+        return torch.cat([p(x) for p in self._parts], dim=-1)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+def _joined_bias(parts: list[GGUFLinear]) -> Tensor | None:
+    """The parts' biases side by side (zeros for a part without one), or ``None``."""
+    have = [p.bias for p in parts if p.bias is not None]
+    if not have:
+        return None
+    return torch.cat([
+        p.bias.detach() if p.bias is not None else have[0].new_zeros(p.out_features)
+        for p in parts
+    ])
 
 
 class Int4Linear(QuantLinear):

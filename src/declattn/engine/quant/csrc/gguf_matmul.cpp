@@ -80,10 +80,20 @@ Format format_of(int64_t type) {
 // and each activation row is read once per tile (a batch of decode rows).
 constexpr int64_t kRows = 16;
 
-// x [M, K] (fp32 or bf16), w [N, row bytes] uint8 -> [M, N] in x's dtype; T: x's type.
+// One weight matrix of a call: its blocks, rows, and where its outputs start.
+struct Part {
+  const uint8_t* w;
+  int64_t rows, row_bytes, col0, tile0;  // first output column, first tile of the call
+  Format f;
+};
+
+// x [M, K] (fp32 or bf16) times each part -> [M, sum of rows] in x's dtype, the parts'
+// outputs side by side; T: x's type. x is rounded to int8 once for all parts, and the
+// parts' tiles are one range over the threads, so a small matrix (a 128-row k_proj) is
+// not a call of its own with its own start-up.
 template <typename T>
-at::Tensor gguf_linear_t(const at::Tensor& x, const at::Tensor& w, const Format& f) {
-  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
+at::Tensor gguf_linear_t(const at::Tensor& x, const std::vector<Part>& parts, int64_t n) {
+  const int64_t m = x.size(0), k = x.size(1);
   const int64_t nab = k / 32;
   std::vector<int8_t> q(m * k);
   std::vector<float> d(m * nab), sums(m * nab);
@@ -96,33 +106,53 @@ at::Tensor gguf_linear_t(const at::Tensor& x, const at::Tensor& w, const Format&
   });
   at::Tensor out = at::empty({m, n}, x.options());
   T* op = out.data_ptr<T>();
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  const int64_t row_bytes = w.size(1), nb = k / f.block;
-  const int64_t tiles = (n + kRows - 1) / kRows;
+  const Part& last = parts.back();
+  const int64_t tiles = last.tile0 + (last.rows + kRows - 1) / kRows;
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
+    size_t i = 0;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t j1 = std::min(n, (t + 1) * kRows);
+      while (i + 1 < parts.size() && parts[i + 1].tile0 <= t) ++i;
+      const Part& p = parts[i];
+      const int64_t j0 = (t - p.tile0) * kRows, rows = std::min(kRows, p.rows - j0);
       float tile[kRows];
       for (int64_t r = 0; r < m; ++r) {
         const Q8Row xr{q.data() + r * k, d.data() + r * nab, sums.data() + r * nab,
                        isum.data() + r * nab, bsum.data() + r * 2 * nab};
-        f.dot(wp + t * kRows * row_bytes, row_bytes, j1 - t * kRows, xr, nb, tile);
-        for (int64_t j = t * kRows; j < j1; ++j) op[r * n + j] = static_cast<T>(tile[j - t * kRows]);
+        p.f.dot(p.w + j0 * p.row_bytes, p.row_bytes, rows, xr, k / p.f.block, tile);
+        T* o = op + r * n + p.col0 + j0;
+        for (int64_t j = 0; j < rows; ++j) o[j] = static_cast<T>(tile[j]);
       }
     }
   });
   return out;
 }
 
+// x [M, K] times every w_i [N_i, row bytes] (of ggml type types[i]) -> [M, sum N_i].
+at::Tensor gguf_linear_cat(const at::Tensor& x, at::TensorList ws, at::IntArrayRef types) {
+  TORCH_CHECK(x.dim() == 2, "gguf_linear: x [M, K]");
+  TORCH_CHECK(!ws.empty() && ws.size() == types.size(),
+              "gguf_linear: one type per weight, and at least one weight");
+  const int64_t k = x.size(1);
+  std::vector<Part> parts;
+  int64_t n = 0, tiles = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const at::Tensor& w = ws[i];
+    TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
+                "gguf_linear: w [N, bytes] uint8");
+    const Format f = format_of(types[i]);
+    TORCH_CHECK(k % f.block == 0 && w.size(1) == k / f.block * f.bytes,
+                "gguf_linear: ", k, " columns do not match ", w.size(1), " bytes per row");
+    parts.push_back({w.data_ptr<uint8_t>(), w.size(0), w.size(1), n, tiles, f});
+    n += w.size(0);
+    tiles += (w.size(0) + kRows - 1) / kRows;
+  }
+  if (x.scalar_type() == at::kBFloat16) return gguf_linear_t<at::BFloat16>(x.contiguous(), parts, n);
+  return gguf_linear_t<float>(x.to(at::kFloat).contiguous(), parts, n).to(x.scalar_type());
+}
+
 at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& w, int64_t type) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "gguf_linear: x [M, K] and w [N, bytes]");
-  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous(), "gguf_linear: w uint8");
-  const Format f = format_of(type);
-  const int64_t k = x.size(1);
-  TORCH_CHECK(k % f.block == 0 && w.size(1) == k / f.block * f.bytes,
-              "gguf_linear: ", k, " columns do not match ", w.size(1), " bytes per row");
-  if (x.scalar_type() == at::kBFloat16) return gguf_linear_t<at::BFloat16>(x.contiguous(), w, f);
-  return gguf_linear_t<float>(x.to(at::kFloat).contiguous(), w, f).to(x.scalar_type());
+  return gguf_linear_cat(x, {w}, {type});
 }
 
 // w [N, row bytes] uint8 -> fp32 [N, k], the weight as gguf-py's dequantize gives it.
@@ -207,10 +237,12 @@ int64_t threads_used(int64_t n) {
 
 TORCH_LIBRARY(declattn_gguf, m) {
   m.def("gguf_linear(Tensor x, Tensor w, int type) -> Tensor");
+  m.def("gguf_linear_cat(Tensor x, Tensor[] ws, int[] types) -> Tensor");
   m.def("gguf_dequantize(Tensor w, int type, int k) -> Tensor");
   m.def("gguf_repack(Tensor w, int type) -> (Tensor, int)");
   m.def("gguf_unpack(Tensor w, int type) -> Tensor");
   m.impl("gguf_linear", c10::DispatchKey::CPU, &gguf_linear);
+  m.impl("gguf_linear_cat", c10::DispatchKey::CPU, &gguf_linear_cat);
   m.impl("gguf_dequantize", c10::DispatchKey::CPU, &gguf_dequantize);
   m.impl("gguf_repack", c10::DispatchKey::CPU, &gguf_repack);
   m.impl("gguf_unpack", c10::DispatchKey::CPU, &gguf_unpack);
