@@ -1,4 +1,5 @@
-"""The GGUF kernel on Q5_0 regrouped by eight rows against the file's own layout, alternated.
+"""The GGUF kernel's layouts alternated: Q5_0 regrouped by eight rows against the file's
+own layout, and q/k/v and gate/up merged into one call each against separate calls.
 
 Both layouts of every GGUF matrix are held in one process (``GGUFLinear(...,
 regroup=False)`` beside the loaded, regrouped layers) and timed in turns, so that both
@@ -6,6 +7,8 @@ see the same minutes and neighbours on a noisy machine:
 
 - ``matrices``: one decode row through all the model's GGUF matrices in the model's
   order (a decode step's weights), best and median of ``--passes``;
+- ``calls``: the same weights through the merged layers (four calls a layer) and through
+  the seven separate ones, alternated the same way;
 - ``--step``: a whole 4K-token vanilla decode step of the engine (``declattn bench
   peers``'s prompt, KV from ``prefill_synthetic``), each layout put in the model in
   turn, the median of six steps per block, best and median over eight blocks.
@@ -24,6 +27,7 @@ import torch
 
 from declattn.api import Engine
 from declattn.bench import peers
+from declattn.engine.quant.fuse import fuse_gguf_projections
 from declattn.engine.quant.linear import GGUFLinear
 
 
@@ -37,9 +41,11 @@ def file_layout(layers: dict[str, GGUFLinear]) -> dict[str, GGUFLinear]:
 
 
 def put(model: torch.nn.Module, layers: dict[str, GGUFLinear]) -> None:
+    """Put ``layers`` in the model, and merge q/k/v and gate/up again from them."""
     for name, layer in layers.items():
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, leaf, layer)
+    fuse_gguf_projections(model)
 
 
 def report(name: str, times: list[float], nbytes: int | None = None) -> None:
@@ -64,6 +70,28 @@ def matrices(layouts: dict[str, dict[str, GGUFLinear]], passes: int) -> None:
     nbytes = sum(m.blocks.numel() for m in next(iter(layouts.values())).values())
     for name, ts in times.items():
         report(f"matrices, {name}", ts, nbytes)
+
+
+def calls(model: torch.nn.Module, passes: int) -> None:
+    separate, merged = [], []
+    for layer in model.layers:
+        a, m = layer.attn, layer.mlp
+        separate += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
+        merged += [a.qkv_proj or a.q_proj, a.o_proj, m.gate_up_proj or m.gate_proj, m.down_proj]
+    head = model.lm_head if model.lm_head is not None else model.tied_head
+    kinds = {f"{len(separate) + 1} separate calls": [*separate, head],
+             f"{len(merged) + 1} merged calls": [*merged, head]}
+    xs = {m.in_features: torch.randn(1, m.in_features, dtype=torch.bfloat16) for m in separate}
+    times: dict[str, list[float]] = {name: [] for name in kinds}
+    for i in range(passes + 1):
+        for name, mods in kinds.items() if i % 2 else reversed(kinds.items()):
+            t0 = time.perf_counter()
+            for m in mods:
+                m(xs[m.in_features])
+            if i:
+                times[name].append(time.perf_counter() - t0)
+    for name, ts in times.items():
+        report(name, ts)
 
 
 def step(engine: Engine, layouts: dict[str, dict[str, GGUFLinear]], threads: int) -> None:
@@ -103,6 +131,7 @@ def main() -> None:
           f"{args.threads} thread(s)")
     layouts = {"regrouped": loaded, "file layout": file_layout(loaded)}
     matrices(layouts, args.passes)
+    calls(model, args.passes)
     if args.step:
         step(engine, layouts, args.threads)
     put(model, loaded)

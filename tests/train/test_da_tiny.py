@@ -69,12 +69,23 @@ def test_forcing_the_wrong_chunk_collapses_accuracy(engine: Engine, arm: str, lo
 
 
 def test_demo_runs_the_whole_loop(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """It says how many threads it chose (its timings depend on it)."""
+    import torch
+
     from declattn.cli import main
 
-    assert main(["demo", "--model", "da-tiny", "--out", str(tmp_path)]) == 0
+    before = torch.get_num_threads()
+    try:
+        assert main(["demo", "--model", "da-tiny", "--out", str(tmp_path), "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
     text = capsys.readouterr().out
+    assert "torch threads: 1 of" in text
     assert "generated paragraphs" in text and "correct: yes" in text
     assert "held the fact: yes" in text and "of vanilla's attended tokens" in text
+    assert main(["demo", "--model", "da-tiny", "--threads", "0"]) == 2
+    assert "--threads must be at least 1" in capsys.readouterr().err
 
 
 def test_the_curriculum_holds_short_documents_then_grows(tiny_tok: Any) -> None:

@@ -42,6 +42,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--out", default="out/demo", help="where the record and pictures go")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads (default: one per core the load average leaves idle)")
     add_focus_args(p)
     p.set_defaults(func=run)
 
@@ -49,11 +51,16 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from declattn.api import Engine
     from declattn.cli.answering import report_answers, stream_arm
-    from declattn.engine.threads import use_threads
+    from declattn.engine.threads import available_cores, load_average, use_threads
     from declattn.show import write_show
 
-    use_threads()  # one thread per idle core: a shared CPU thrashes otherwise
+    if args.threads is not None and args.threads < 1:
+        raise UserError("--threads must be at least 1")
+    load = load_average()
+    threads = use_threads(args.threads)  # one per idle core: a shared CPU thrashes otherwise
     out = console()
+    seen = "" if load is None else f", load average {load:.1f} at start"
+    out.print(f"[dim]torch threads: {threads} of {available_cores()} cores{seen} (--threads N)[/]")
     t0 = time.perf_counter()
     with user_errors():
         with out.status(f"loading {args.model}"):
