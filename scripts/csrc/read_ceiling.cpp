@@ -3,8 +3,9 @@
 //
 // ``rows`` > 1: groups of ``rows`` weight rows side by side, one block of each per step,
 // with the group ``kAheadGroups`` ahead prefetched, tiles of 16 rows over the threads:
-// what engine/quant/csrc/gguf_matmul.cpp does for the 32-value formats. ``rows`` == 1:
-// each row from start to end, 1 KB prefetched ahead (the K formats' pattern). Every
+// what engine/quant/csrc/gguf_dot_avx2.h does for the 32-value formats in the file's
+// layout. ``rows`` == 1: each row from start to end, 1 KB prefetched ahead (the K
+// formats' pattern, and near enough regrouped Q5_0's one stream per group). Every
 // byte is loaded into a vector register and xor-ed into a sum the caller gets back, so
 // the compiler cannot drop the loads.
 

@@ -130,7 +130,9 @@ def quantized_layers(
             blocks = np.ascontiguousarray(np.asarray(t.data).view(np.uint8).reshape(rows, -1))
             if order is not None:
                 blocks = np.ascontiguousarray(blocks[order])  # a row is whole blocks
-            yield p, GGUFLinear(torch.from_numpy(blocks.copy()), int(p.kind), cols)
+            # the file's layout: these layers are stored (the loaded ones regroup)
+            blocks_t = torch.from_numpy(blocks.copy())
+            yield p, GGUFLinear(blocks_t, int(p.kind), cols, regroup=False)
             continue
         if p.kind in DECODABLE:
             codes = group_codes(t.data, p.kind, (rows, cols))
