@@ -77,7 +77,9 @@ def calls(model: torch.nn.Module, passes: int) -> None:
     for layer in model.layers:
         a, m = layer.attn, layer.mlp
         separate += [a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj]
-        merged += [a.qkv_proj or a.q_proj, a.o_proj, m.gate_up_proj or m.gate_proj, m.down_proj]
+        if a.qkv_proj is None or m.gate_up_proj is None:
+            raise SystemExit(f"{type(layer).__name__}: q/k/v or gate/up were not merged")
+        merged += [a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj]
     head = model.lm_head if model.lm_head is not None else model.tied_head
     kinds = {f"{len(separate) + 1} separate calls": [*separate, head],
              f"{len(merged) + 1} merged calls": [*merged, head]}

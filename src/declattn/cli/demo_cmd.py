@@ -51,13 +51,14 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from declattn.api import Engine
     from declattn.cli.answering import report_answers, stream_arm
-    from declattn.engine.threads import available_cores, load_average, use_threads
+    from declattn.engine.threads import available_cores, load_average, suggest_threads, use_threads
     from declattn.show import write_show
 
     if args.threads is not None and args.threads < 1:
         raise UserError("--threads must be at least 1")
     load = load_average()
-    threads = use_threads(args.threads)  # one per idle core: a shared CPU thrashes otherwise
+    # one thread per idle core unless told: a shared CPU thrashes otherwise
+    threads = use_threads(args.threads or suggest_threads(load=load))
     out = console()
     seen = "" if load is None else f", load average {load:.1f} at start"
     out.print(f"[dim]torch threads: {threads} of {available_cores()} cores{seen} (--threads N)[/]")

@@ -83,7 +83,7 @@ class GGUFLinear(QuantLinear):
         if ops is None:
             raise RuntimeError("the GGUF matmul kernel is not available (see the warning)")
         self._matmul, self._dequantize = ops.gguf_linear, ops.gguf_dequantize
-        self._matmul_cat, self._unpack = ops.gguf_linear_cat, ops.gguf_unpack
+        self._unpack = ops.gguf_unpack
         self.out_features, self.in_features = blocks.shape[0], in_features
         self.ggml_type = ggml_type
         blocks = blocks.contiguous()
@@ -128,10 +128,12 @@ class GGUFConcat(nn.Module):
 
     def __init__(self, parts: list[GGUFLinear]) -> None:
         super().__init__()
+        from declattn.engine.quant.kernel import gguf_ops
+
         if not parts or len({p.in_features for p in parts}) != 1:
             raise ValueError("GGUFConcat: one or more GGUF layers of the same input width")
         self._parts = list(parts)
-        self._matmul = parts[0]._matmul_cat
+        self._matmul = gguf_ops().gguf_linear_cat  # the parts exist, so the kernel does
         self._types = [p.kernel_type for p in parts]
         self._bias = _joined_bias(parts)
         self.in_features = parts[0].in_features

@@ -83,9 +83,8 @@ def _build(
     tensors: dict[str, Tensor] = {}
     specs: dict[str, dict] = {}
     for planned, layer in quantized_layers(gg, config, dtype, policy):
-        stored = {"blocks": layer.file_blocks()} if isinstance(layer, GGUFLinear) else {}
-        for name, buf in layer.named_buffers():
-            tensors[f"{planned.module}.{name}"] = stored.get(name, buf).contiguous()
+        for name, buf in layer.named_buffers():  # GGUF blocks in the file's layout
+            tensors[f"{planned.module}.{name}"] = buf.contiguous()
         specs[planned.module] = asdict(_spec(layer, planned.kind.name, planned.target))
     out.parent.mkdir(exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)

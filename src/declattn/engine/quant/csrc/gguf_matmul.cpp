@@ -185,6 +185,22 @@ at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t k) {
   return out;
 }
 
+// A copy of Q5_0 blocks ``w`` with each whole group of eight rows passed through
+// ``convert`` (regroup_q5_0 or ungroup_q5_0); rows past the last group stay as they are.
+template <typename F>
+at::Tensor convert_groups(const at::Tensor& w, const char* op, F convert) {
+  TORCH_CHECK(w.size(1) % 22 == 0, op, ": ", w.size(1), " bytes is not Q5_0 rows");
+  const int64_t n = w.size(0), row_bytes = w.size(1), nb = row_bytes / 22;
+  at::Tensor out = w.clone();
+  const uint8_t* src = w.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, n / 8, 8, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      convert(src + 8 * g * row_bytes, row_bytes, nb, dst + 8 * g * row_bytes);
+  });
+  return out;
+}
+
 // The layout the kernel reads fastest for a GGUF matrix: Q5_0 regrouped by eight rows
 // (gguf_q5_0_rows8.h) on AVX2, the blocks as they are otherwise. Returns the blocks to
 // keep and the type to pass with them.
@@ -192,18 +208,8 @@ std::tuple<at::Tensor, int64_t> gguf_repack(const at::Tensor& w, int64_t type) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "gguf_repack: w [N, bytes] uint8");
 #if defined(__AVX2__)
-  if (type == kQ5_0 && w.size(0) >= 8) {
-    TORCH_CHECK(w.size(1) % 22 == 0, "gguf_repack: ", w.size(1), " bytes is not Q5_0 rows");
-    const int64_t n = w.size(0), row_bytes = w.size(1), nb = row_bytes / 22;
-    at::Tensor out = w.clone();  // rows past the last whole group stay as they are
-    const uint8_t* src = w.data_ptr<uint8_t>();
-    uint8_t* dst = out.data_ptr<uint8_t>();
-    at::parallel_for(0, n / 8, 8, [&](int64_t g0, int64_t g1) {
-      for (int64_t g = g0; g < g1; ++g)
-        regroup_q5_0(src + 8 * g * row_bytes, row_bytes, nb, dst + 8 * g * row_bytes);
-    });
-    return {out, kQ5_0_R8};
-  }
+  if (type == kQ5_0 && w.size(0) >= 8)
+    return {convert_groups(w, "gguf_repack", regroup_q5_0), kQ5_0_R8};
 #endif
   return {w, type};
 }
@@ -212,17 +218,7 @@ std::tuple<at::Tensor, int64_t> gguf_repack(const at::Tensor& w, int64_t type) {
 at::Tensor gguf_unpack(const at::Tensor& w, int64_t type) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "gguf_unpack: w [N, bytes] uint8");
-  if (type != kQ5_0_R8) return w;
-  TORCH_CHECK(w.size(1) % 22 == 0, "gguf_unpack: ", w.size(1), " bytes is not Q5_0 rows");
-  const int64_t n = w.size(0), row_bytes = w.size(1), nb = row_bytes / 22;
-  at::Tensor out = w.clone();
-  const uint8_t* src = w.data_ptr<uint8_t>();
-  uint8_t* dst = out.data_ptr<uint8_t>();
-  at::parallel_for(0, n / 8, 8, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g)
-      ungroup_q5_0(src + 8 * g * row_bytes, row_bytes, nb, dst + 8 * g * row_bytes);
-  });
-  return out;
+  return type == kQ5_0_R8 ? convert_groups(w, "gguf_unpack", ungroup_q5_0) : w;
 }
 
 // How many threads ``at::parallel_for`` ran ``n`` items on: more than one only where this
