@@ -6,6 +6,8 @@ are read is the ``AttentionFn``'s business (see ``attention_api``).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import Tensor, nn
 
@@ -13,6 +15,20 @@ from declattn.engine.attention_api import AttentionFn
 from declattn.engine.models.config import ModelConfig
 from declattn.engine.models.layers import MLP, Attention, RMSNorm, Rotary
 from declattn.engine.models.token_context import TokenContext
+
+
+class LayerRunner(Protocol):
+    """Every decoder layer of a step at once, by another route than the modules (one that
+    computes the same, bit for bit: ``quant/decode_layers.py``), or ``None`` for a step it
+    does not take, which the modules then run."""
+
+    def __call__(
+        self,
+        h: Tensor,
+        rope_global: tuple[Tensor, Tensor],
+        rope_local: tuple[Tensor, Tensor],
+        attn: AttentionFn,
+    ) -> Tensor | None: ...
 
 
 class DecoderLayer(nn.Module):
@@ -71,6 +87,12 @@ class Decoder(nn.Module):
         )
         self._rotary_global = Rotary(c.rope_global, c.head_dim)
         self._rotary_local = Rotary(c.rope_local, c.head_dim) if c.rope_local else None
+        self.layer_runner: LayerRunner | None = None
+
+    def use_layer_runner(self, runner: LayerRunner | None) -> None:
+        """Run the layers through ``runner`` where it takes the step (``None``: always the
+        modules). Whoever changes the layers' modules afterwards sets it again."""
+        self.layer_runner = runner
 
     def forward(
         self,
@@ -91,6 +113,10 @@ class Decoder(nn.Module):
             h = h + self._aids(context)
         rope_global = self._rotary_global.cos_sin(positions)
         rope_local = self._rotary_local.cos_sin(positions) if self._rotary_local else rope_global
+        run = self.layer_runner
+        done = run(h, rope_global, rope_local, attn) if run is not None else None
+        if done is not None:
+            return self.norm(done)
         for i, layer in enumerate(self.layers):
             cos, sin = rope_global if self.config.window(i) is None else rope_local
             h = layer(h, cos, sin, attn)

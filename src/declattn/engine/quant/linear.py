@@ -139,6 +139,20 @@ class GGUFConcat(nn.Module):
         self.in_features = parts[0].in_features
         self.out_features = sum(p.out_features for p in parts)
 
+    @property
+    def parts(self) -> tuple[GGUFLinear, ...]:
+        return tuple(self._parts)
+
+    @property
+    def types(self) -> tuple[int, ...]:
+        """Each part's ``kernel_type``, as the merged call takes them."""
+        return tuple(self._types)
+
+    @property
+    def joined_bias(self) -> Tensor | None:
+        """The parts' biases side by side (zeros for a part without one), or ``None``."""
+        return self._bias
+
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() == 2 and x.shape[0] < GEMM_ROWS:
             y = self._matmul(x.contiguous(), [p.blocks for p in self._parts], self._types)
