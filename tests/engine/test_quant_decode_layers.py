@@ -21,7 +21,7 @@ from declattn.engine.dense import DenseAttention
 from declattn.engine.engine import PagedEngine
 from declattn.engine.models import Decoder, ModelConfig
 from declattn.engine.models.layers import MLP, Attention
-from declattn.engine.quant import kernel
+from declattn.engine.quant import kernel, linear
 from declattn.engine.quant.decode_layers import GGUFDecodeLayers
 from declattn.engine.quant.fuse import fuse_gguf_projections
 from declattn.engine.quant.linear import GEMM_ROWS, GGUFLinear
@@ -110,7 +110,7 @@ def test_runner_equals_the_modules_bit_for_bit(family, dtype):
         assert torch.equal(got, want)
 
 
-def test_runner_declines_what_it_does_not_compute_as_the_modules_do():
+def test_runner_declines_what_it_does_not_compute_as_the_modules_do(monkeypatch):
     model = gguf_model("qwen2", torch.bfloat16)
     runner = model.layer_runner
     c = model.config
@@ -121,6 +121,9 @@ def test_runner_declines_what_it_does_not_compute_as_the_modules_do():
         long = torch.randn(GEMM_ROWS, c.hidden_size, dtype=torch.bfloat16)
         assert runner(long, rope, rope, DenseAttention()) is None  # the GEMM way
         assert runner(h.float(), rope, rope, DenseAttention()) is None  # another dtype
+        monkeypatch.setattr(linear, "GEMM_ROWS", 1)  # GGUFLinear reads it per call too
+        assert runner(h, rope, rope, DenseAttention()) is None
+        monkeypatch.undo()
     assert runner(h, rope, rope, DenseAttention()) is None  # a gradient could be wanted
 
 

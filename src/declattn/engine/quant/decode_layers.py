@@ -29,8 +29,9 @@ from declattn.engine.attention_api import AttentionFn
 from declattn.engine.models.decoder import Decoder, DecoderLayer
 from declattn.engine.models.fused import DTYPES, layer_ops
 from declattn.engine.models.layers import RMSNorm
+from declattn.engine.quant import linear
 from declattn.engine.quant.kernel import gguf_ops
-from declattn.engine.quant.linear import GEMM_ROWS, GGUFConcat, GGUFLinear
+from declattn.engine.quant.linear import GGUFConcat, GGUFLinear
 
 Rope = tuple[Tensor, Tensor]
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -139,7 +140,8 @@ class GGUFDecodeLayers:
     ) -> Tensor | None:
         """``h`` ``[T, hidden]`` through every layer, or ``None`` where the modules must
         run instead (see the module docstring)."""
-        if h.dim() != 2 or h.shape[0] >= GEMM_ROWS or h.device.type != "cpu":
+        # read at each call, as GGUFLinear does (bench/quant_accuracy moves it)
+        if h.dim() != 2 or h.shape[0] >= linear.GEMM_ROWS or h.device.type != "cpu":
             return None
         if h.dtype != self._dtype or torch.is_grad_enabled():
             return None
