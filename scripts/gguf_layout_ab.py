@@ -1,9 +1,13 @@
-"""The GGUF kernel's layouts alternated: Q5_0 regrouped by eight rows against the file's
-own layout, and q/k/v and gate/up merged into one call each against separate calls.
+"""The GGUF kernel's A/Bs: rows regrouped or in the file's layout, merged or separate calls.
 
-Both layouts of every GGUF matrix are held in one process (``GGUFLinear(...,
-regroup=False)`` beside the loaded, regrouped layers) and timed in turns, so that both
-see the same minutes and neighbours on a noisy machine:
+Q5_0 and Q8_0 regrouped by eight rows against the file's own layout, and q/k/v and
+gate/up merged into one call each against separate calls.
+
+The layouts of every GGUF matrix are held in one process (copies of the loaded layers,
+``GGUFLinear(..., regroup=False)`` for the file's layout) and timed in turns, so that all
+see the same minutes and neighbours on a noisy machine. Where more than one format is
+regrouped, there is also an arm per format with only that format in the file's layout
+(the others regrouped): what regrouping that format alone gives.
 
 - ``matrices``: one decode row through all the model's GGUF matrices in the model's
   order (a decode step's weights), best and median of ``--passes``;
@@ -22,8 +26,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections import Counter
 
 import torch
+from gguf import GGMLQuantizationType
 
 from declattn.api import Engine
 from declattn.bench import peers
@@ -31,11 +37,16 @@ from declattn.engine.quant.fuse import fuse_gguf_projections
 from declattn.engine.quant.linear import GGUFLinear
 
 
-def file_layout(layers: dict[str, GGUFLinear]) -> dict[str, GGUFLinear]:
-    """The same layers holding the file's layout (bias shared)."""
+def copies(layers: dict[str, GGUFLinear], file_types: set[int]) -> dict[str, GGUFLinear]:
+    """Copies of the layers (bias shared), those of the ggml ``file_types`` in the file's
+    layout and the others regrouped as the loader does. Every arm is such a copy, the
+    regrouped one too: the loaded layers themselves ran 1-3 ms slower over qwen2.5-0.5b's
+    matrices than two fresh copies of the same layout (where their pages lie, it seems),
+    which an A/B against them would have put down to the layout."""
     out = {}
     for name, m in layers.items():
-        out[name] = GGUFLinear(m.file_blocks(), m.ggml_type, m.in_features, regroup=False)
+        regroup = m.ggml_type not in file_types
+        out[name] = GGUFLinear(m.file_blocks(), m.ggml_type, m.in_features, regroup=regroup)
         out[name].bias = m.bias
     return out
 
@@ -51,7 +62,7 @@ def put(model: torch.nn.Module, layers: dict[str, GGUFLinear]) -> None:
 def report(name: str, times: list[float], nbytes: int | None = None) -> None:
     best, med = min(times), statistics.median(times)
     rate = f" ({nbytes / best / 1e9:.1f} / {nbytes / med / 1e9:.1f} GB/s)" if nbytes else ""
-    print(f"{name:>24}: best {best * 1e3:6.1f} ms, median {med * 1e3:6.1f} ms{rate}")
+    print(f"{name:>32}: best {best * 1e3:6.1f} ms, median {med * 1e3:6.1f} ms{rate}")
 
 
 def matrices(layouts: dict[str, dict[str, GGUFLinear]], passes: int) -> None:
@@ -128,10 +139,18 @@ def main() -> None:
     engine = Engine.from_pretrained(args.model)
     model = engine.loaded.model
     loaded = {n: m for n, m in model.named_modules() if isinstance(m, GGUFLinear)}
-    regrouped = sum(m.kernel_type != m.ggml_type for m in loaded.values())
-    print(f"{args.model}: {len(loaded)} GGUF matrices, {regrouped} regrouped, "
+    regrouped = Counter(
+        GGMLQuantizationType(m.ggml_type).name
+        for m in loaded.values()
+        if m.kernel_type != m.ggml_type
+    )
+    print(f"{args.model}: {len(loaded)} GGUF matrices, regrouped {dict(regrouped) or 'none'}, "
           f"{args.threads} thread(s)")
-    layouts = {"regrouped": loaded, "file layout": file_layout(loaded)}
+    layouts = {"regrouped": copies(loaded, set())}
+    if len(regrouped) > 1:
+        for name in sorted(regrouped):
+            layouts[f"{name} in file layout"] = copies(loaded, {GGMLQuantizationType[name]})
+    layouts["file layout"] = copies(loaded, {m.ggml_type for m in loaded.values()})
     matrices(layouts, args.passes)
     calls(model, args.passes)
     if args.step:

@@ -99,41 +99,58 @@ def test_layer_dequantises_to_the_file_weight_and_keeps_its_bytes(op, kind):
     assert _rel(layer(many), ref) < 1e-5 < _rel(op(many, blocks, int(kind)), ref)
 
 
-REGROUPED = 1006  # gguf_q5_0_rows8.h's id for Q5_0 regrouped by eight rows
+REGROUPED = {Q.Q5_0: 1006, Q.Q8_0: 1008}
+"""The kernel's ids for a format regrouped by eight rows (gguf_q5_0_rows8.h,
+gguf_q8_0_rows8.h)."""
 
 
 def _avx2() -> bool:
     return "avx2" in open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else False
 
 
+@pytest.mark.parametrize("kind", list(REGROUPED), ids=lambda k: k.name)
 @pytest.mark.parametrize("rows,cols", [(50, 864), (8, 32), (96, 512), (7, 64)])
-def test_regrouped_q5_0_gives_the_file_layouts_results_bit_for_bit(op, rows, cols):
+def test_regrouped_layout_gives_the_file_layouts_results_bit_for_bit(op, kind, rows, cols):
     """The regrouped layout is the same integer work in another order of bytes: any bit
     of a code, a high bit or a scale put in the wrong place changes the output. Rows past
     the last group of eight (50 = 6 x 8 + 2) stay in the file's layout."""
     ops = kernel.gguf_ops()
-    blocks, w = _case(Q.Q5_0, rows=rows, cols=cols)
-    packed, kind = ops.gguf_repack(blocks, int(Q.Q5_0))
+    blocks, w = _case(kind, rows=rows, cols=cols)
+    packed, kernel_type = ops.gguf_repack(blocks, int(kind))
     if rows < 8 or not _avx2():
-        assert kind == int(Q.Q5_0) and torch.equal(packed, blocks)
+        assert kernel_type == int(kind) and torch.equal(packed, blocks)
         return
-    assert kind == REGROUPED and packed.shape == blocks.shape
+    assert kernel_type == REGROUPED[kind] and packed.shape == blocks.shape
     assert not torch.equal(packed, blocks)
-    assert torch.equal(ops.gguf_unpack(packed, kind), blocks)
-    assert torch.equal(ops.gguf_dequantize(packed, kind, cols),
-                       ops.gguf_dequantize(blocks, int(Q.Q5_0), cols))
+    assert torch.equal(ops.gguf_unpack(packed, kernel_type), blocks)
+    assert torch.equal(ops.gguf_dequantize(packed, kernel_type, cols),
+                       ops.gguf_dequantize(blocks, int(kind), cols))
     for m in (1, 3, 17):
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)).to(dtype)
-            assert torch.equal(op(x, packed, kind), op(x, blocks, int(Q.Q5_0))), (m, dtype)
+            assert torch.equal(op(x, packed, kernel_type), op(x, blocks, int(kind))), (m, dtype)
 
 
-def test_a_layer_keeps_the_kernels_layout_and_gives_the_files_back(op):
-    blocks, w = _case(Q.Q5_0, rows=64)
-    layer = GGUFLinear(blocks, int(Q.Q5_0), w.shape[1])
-    plain = GGUFLinear(blocks, int(Q.Q5_0), w.shape[1], regroup=False)
-    assert layer.ggml_type == plain.kernel_type == int(Q.Q5_0)
-    assert layer.kernel_type == (REGROUPED if _avx2() else int(Q.Q5_0))
+def test_q8_0_with_a_code_of_minus_128_keeps_the_file_layout(op):
+    """The regrouped Q8_0 kernel signs the codes by x, which -128 does not survive; ggml
+    never writes -128, but a matrix with one stays in the file's layout (and is right)."""
+    blocks, w = _case(Q.Q8_0, rows=32, cols=256)
+    blocks[5, 34 * 3 + 2 + 7] = 0x80  # row 5, block 3, code 7
+    w[5, 32 * 3 + 7] = -128 * float(blocks[5, 102:104].view(torch.float16))
+    packed, kernel_type = kernel.gguf_ops().gguf_repack(blocks, int(Q.Q8_0))
+    assert kernel_type == int(Q.Q8_0) and torch.equal(packed, blocks)
+    x = torch.zeros(1, 256)
+    x[0, 32 * 3 + 7] = -1.0  # a negative x meets the -128
+    assert _rel(op(x, blocks, int(Q.Q8_0)), x.double() @ w.t()) < 1e-3
+
+
+@pytest.mark.parametrize("kind", list(REGROUPED), ids=lambda k: k.name)
+def test_a_layer_keeps_the_kernels_layout_and_gives_the_files_back(op, kind):
+    blocks, w = _case(kind, rows=64)
+    layer = GGUFLinear(blocks, int(kind), w.shape[1])
+    plain = GGUFLinear(blocks, int(kind), w.shape[1], regroup=False)
+    assert layer.ggml_type == plain.kernel_type == int(kind)
+    assert layer.kernel_type == (REGROUPED[kind] if _avx2() else int(kind))
     assert torch.equal(layer.file_blocks(), blocks) and torch.equal(plain.file_blocks(), blocks)
     assert layer.weight_bytes == plain.weight_bytes == blocks.numel()
     x = torch.randn(1, w.shape[1])

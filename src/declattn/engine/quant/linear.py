@@ -68,10 +68,10 @@ class GGUFLinear(QuantLinear):
     looked up once, here: a decode step makes ~170 of these calls, and Python's own
     cost per call (~30 us when looked up per call) was a tenth of a SmolLM2 step.
 
-    ``blocks`` is held in the layout the kernel reads fastest (``gguf_repack``: Q5_0 rows
-    regrouped by eight on AVX2, the same bytes; ``regroup=False`` keeps the file's), and
-    ``kernel_type`` names it; ``ggml_type`` stays the file's format and ``file_blocks()``
-    gives the bytes back as the file holds them."""
+    ``blocks`` is held in the layout the kernel reads fastest (``gguf_repack``: Q5_0 and
+    Q8_0 rows regrouped by eight on AVX2, the same bytes; ``regroup=False`` keeps the
+    file's), and ``kernel_type`` names it; ``ggml_type`` stays the file's format and
+    ``file_blocks()`` gives the bytes back as the file holds them."""
 
     def __init__(
         self, blocks: Tensor, ggml_type: int, in_features: int, *, regroup: bool = True

@@ -34,6 +34,7 @@
 #include "gguf_dot_avx2.h"
 #include "gguf_dot_portable.h"
 #include "gguf_q5_0_rows8.h"
+#include "gguf_q8_0_rows8.h"
 
 namespace {
 
@@ -62,8 +63,11 @@ Format format_of(int64_t type) {
     case kQ5_0: return {32, 22, dot32<BQ5_0>};
     case kQ8_0: return {32, 34, dot32<BQ8_0>};
     case kQ5_0_R8: return {32, 22, dot_q5_0_r8};
+    case kQ8_0_R8: return {32, 34, dot_q8_0_r8};
 #else
     case kQ5_0_R8: TORCH_CHECK(false, "gguf: the regrouped Q5_0 layout (", kQ5_0_R8,
+                               ") is made and read by AVX2 builds only");
+    case kQ8_0_R8: TORCH_CHECK(false, "gguf: the regrouped Q8_0 layout (", kQ8_0_R8,
                                ") is made and read by AVX2 builds only");
     case kQ4_0: return {32, 18, each_row<dot_q4_0>};
     case kQ4_1: return {32, 20, each_row<dot_q4_1>};
@@ -74,6 +78,22 @@ Format format_of(int64_t type) {
     case kQ6_K: return {256, 210, each_row<dot_q6_k>};
     default: TORCH_CHECK(false, "gguf_linear: unsupported ggml type ", type);
   }
+}
+
+// A layout regrouped by eight rows (gguf_q5_0_rows8.h, gguf_q8_0_rows8.h): the file's type
+// it holds, that type's block bytes, and one group to and from eight of the file's rows.
+using GroupFn = void (*)(const uint8_t*, int64_t, int64_t, uint8_t*);
+struct Regrouped {
+  int64_t type, file_type, bytes;
+  GroupFn regroup, ungroup;
+};
+constexpr Regrouped kRegrouped[] = {{kQ5_0_R8, kQ5_0, 22, regroup_q5_0, ungroup_q5_0},
+                                    {kQ8_0_R8, kQ8_0, 34, regroup_q8_0, ungroup_q8_0}};
+
+const Regrouped* regrouped(int64_t type) {  // by the regrouped id; nullptr: not one
+  for (const Regrouped& g : kRegrouped)
+    if (g.type == type) return &g;
+  return nullptr;
 }
 
 // Weight rows per tile: a tile stays in cache while every activation row passes over it,
@@ -167,16 +187,17 @@ at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t k) {
   float* op = out.data_ptr<float>();
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const int64_t nb = k / f.block;
-  if (type == kQ5_0_R8) {  // each whole group back to GGUF rows first
+  if (const Regrouped* g = regrouped(type)) {  // each whole group back to GGUF rows first
     at::parallel_for(0, n / 8, 8, [&](int64_t g0, int64_t g1) {
       std::vector<uint8_t> rows(8 * row_bytes);
-      for (int64_t g = g0; g < g1; ++g) {
-        ungroup_q5_0(wp + 8 * g * row_bytes, row_bytes, nb, rows.data());
+      for (int64_t i = g0; i < g1; ++i) {
+        g->ungroup(wp + 8 * i * row_bytes, row_bytes, nb, rows.data());
         for (int r = 0; r < 8; ++r)
-          dequant_row(kQ5_0, rows.data() + r * row_bytes, op + (8 * g + r) * k, nb);
+          dequant_row(g->file_type, rows.data() + r * row_bytes, op + (8 * i + r) * k, nb);
       }
     });
-    for (int64_t r = n / 8 * 8; r < n; ++r) dequant_row(kQ5_0, wp + r * row_bytes, op + r * k, nb);
+    for (int64_t r = n / 8 * 8; r < n; ++r)
+      dequant_row(g->file_type, wp + r * row_bytes, op + r * k, nb);
     return out;
   }
   at::parallel_for(0, n, 64, [&](int64_t r0, int64_t r1) {
@@ -185,12 +206,13 @@ at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t k) {
   return out;
 }
 
-// A copy of Q5_0 blocks ``w`` with each whole group of eight rows passed through
-// ``convert`` (regroup_q5_0 or ungroup_q5_0); rows past the last group stay as they are.
-template <typename F>
-at::Tensor convert_groups(const at::Tensor& w, const char* op, F convert) {
-  TORCH_CHECK(w.size(1) % 22 == 0, op, ": ", w.size(1), " bytes is not Q5_0 rows");
-  const int64_t n = w.size(0), row_bytes = w.size(1), nb = row_bytes / 22;
+// A copy of blocks ``w`` (``bytes`` a block) with each whole group of eight rows passed
+// through ``convert`` (a Regrouped's regroup or ungroup); rows past the last group stay as
+// they are.
+at::Tensor convert_groups(const at::Tensor& w, const char* op, int64_t bytes, GroupFn convert) {
+  TORCH_CHECK(w.size(1) % bytes == 0, op, ": ", w.size(1), " bytes is not rows of ", bytes,
+              "-byte blocks");
+  const int64_t n = w.size(0), row_bytes = w.size(1), nb = row_bytes / bytes;
   at::Tensor out = w.clone();
   const uint8_t* src = w.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
@@ -201,15 +223,19 @@ at::Tensor convert_groups(const at::Tensor& w, const char* op, F convert) {
   return out;
 }
 
-// The layout the kernel reads fastest for a GGUF matrix: Q5_0 regrouped by eight rows
-// (gguf_q5_0_rows8.h) on AVX2, the blocks as they are otherwise. Returns the blocks to
-// keep and the type to pass with them.
+// The layout the kernel reads fastest for a GGUF matrix: Q5_0 and Q8_0 regrouped by eight
+// rows (gguf_q5_0_rows8.h, gguf_q8_0_rows8.h) on AVX2, the blocks as they are otherwise
+// (and for Q8_0 with a code of -128, which the regrouped kernel cannot take). Returns the
+// blocks to keep and the type to pass with them.
 std::tuple<at::Tensor, int64_t> gguf_repack(const at::Tensor& w, int64_t type) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "gguf_repack: w [N, bytes] uint8");
 #if defined(__AVX2__)
-  if (type == kQ5_0 && w.size(0) >= 8)
-    return {convert_groups(w, "gguf_repack", regroup_q5_0), kQ5_0_R8};
+  for (const Regrouped& g : kRegrouped) {
+    if (g.file_type != type || w.size(0) < 8) continue;
+    if (type == kQ8_0 && !q8_0_codes_fit(w.data_ptr<uint8_t>(), w.numel() / 34)) break;
+    return {convert_groups(w, "gguf_repack", g.bytes, g.regroup), g.type};
+  }
 #endif
   return {w, type};
 }
@@ -218,7 +244,8 @@ std::tuple<at::Tensor, int64_t> gguf_repack(const at::Tensor& w, int64_t type) {
 at::Tensor gguf_unpack(const at::Tensor& w, int64_t type) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "gguf_unpack: w [N, bytes] uint8");
-  return type == kQ5_0_R8 ? convert_groups(w, "gguf_unpack", ungroup_q5_0) : w;
+  const Regrouped* g = regrouped(type);
+  return g ? convert_groups(w, "gguf_unpack", g->bytes, g->ungroup) : w;
 }
 
 // How many threads ``at::parallel_for`` ran ``n`` items on: more than one only where this

@@ -87,10 +87,6 @@ inline void ungroup_q5_0(const uint8_t* src, int64_t row_bytes, int64_t nb, uint
 }
 
 #if defined(__AVX2__)
-// Prefetch distance along the group's stream (the rows of a thread's tiles are one run of
-// memory here): 5-11 KB measured alike, 0.7 KB and 28 KB slower.
-constexpr int64_t kGroupAhead = 8192;
-
 // One group . one activation row -> out[8] (rows in their own order).
 inline void group_q5_0(const uint8_t* w, const Q8Row& x, int64_t nb, float* out) {
   const __m256i m4 = _mm256_set1_epi8(0x0F), m10 = _mm256_set1_epi8(0x10);
