@@ -13,7 +13,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 from gguf.quants import quantize
-from test_models import _tiny_hf
+from test_models import _randomise, _tiny_hf
 from tiny_world import Tok, prompt
 
 from declattn.engine.controller import Controller
@@ -53,11 +53,7 @@ def gguf_model(family: str, dtype: torch.dtype) -> Decoder:
     """A tiny ``family`` model with random weights, every projection in GGUF blocks (Q8_0,
     the MLP's gate Q5_0: regrouped), merged and given its runner as the loader does."""
     model = Decoder(ModelConfig.from_hf(_tiny_hf(family).config.to_dict()))
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            p.copy_(noise * 0.3 + 1.0 if p.ndim == 1 and "norm" in name else noise * 0.15)
+    _randomise(model, gemma=family == "gemma3")
     model = model.to(dtype).eval()
     for m in list(model.modules()):
         if isinstance(m, Attention):

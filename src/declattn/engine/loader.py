@@ -305,7 +305,7 @@ def _load_hf_dir(
     except RuntimeError as e:
         raise IncompleteModelError(f"{directory}: weights do not fit the config ({e})") from e
     if quant is not None:
-        fuse_gguf_projections(model)  # q/k/v, gate/up: one kernel call each; the runner
+        fuse_gguf_projections(model)  # q/k/v, gate/up one call each; the layer runner
     model.eval()
     return model, config, _load_tokenizer(directory, where), summary
 

@@ -81,14 +81,15 @@ Format format_of(int64_t type) {
 }
 
 // A layout regrouped by eight rows (gguf_q5_0_rows8.h, gguf_q8_0_rows8.h): the file's type
-// it holds, that type's block bytes, and one group to and from eight of the file's rows.
+// it holds (whose block bytes ``format_of`` gives), and one group to and from eight of the
+// file's rows.
 using GroupFn = void (*)(const uint8_t*, int64_t, int64_t, uint8_t*);
 struct Regrouped {
-  int64_t type, file_type, bytes;
+  int64_t type, file_type;
   GroupFn regroup, ungroup;
 };
-constexpr Regrouped kRegrouped[] = {{kQ5_0_R8, kQ5_0, 22, regroup_q5_0, ungroup_q5_0},
-                                    {kQ8_0_R8, kQ8_0, 34, regroup_q8_0, ungroup_q8_0}};
+constexpr Regrouped kRegrouped[] = {{kQ5_0_R8, kQ5_0, regroup_q5_0, ungroup_q5_0},
+                                    {kQ8_0_R8, kQ8_0, regroup_q8_0, ungroup_q8_0}};
 
 const Regrouped* regrouped(int64_t type) {  // by the regrouped id; nullptr: not one
   for (const Regrouped& g : kRegrouped)
@@ -206,10 +207,11 @@ at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t k) {
   return out;
 }
 
-// A copy of blocks ``w`` (``bytes`` a block) with each whole group of eight rows passed
+// A copy of blocks ``w`` of the file's ``type`` with each whole group of eight rows passed
 // through ``convert`` (a Regrouped's regroup or ungroup); rows past the last group stay as
 // they are.
-at::Tensor convert_groups(const at::Tensor& w, const char* op, int64_t bytes, GroupFn convert) {
+at::Tensor convert_groups(const at::Tensor& w, const char* op, int64_t type, GroupFn convert) {
+  const int64_t bytes = format_of(type).bytes;
   TORCH_CHECK(w.size(1) % bytes == 0, op, ": ", w.size(1), " bytes is not rows of ", bytes,
               "-byte blocks");
   const int64_t n = w.size(0), row_bytes = w.size(1), nb = row_bytes / bytes;
@@ -234,7 +236,7 @@ std::tuple<at::Tensor, int64_t> gguf_repack(const at::Tensor& w, int64_t type) {
   for (const Regrouped& g : kRegrouped) {
     if (g.file_type != type || w.size(0) < 8) continue;
     if (type == kQ8_0 && !q8_0_codes_fit(w.data_ptr<uint8_t>(), w.numel() / 34)) break;
-    return {convert_groups(w, "gguf_repack", g.bytes, g.regroup), g.type};
+    return {convert_groups(w, "gguf_repack", type, g.regroup), g.type};
   }
 #endif
   return {w, type};
@@ -245,7 +247,7 @@ at::Tensor gguf_unpack(const at::Tensor& w, int64_t type) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "gguf_unpack: w [N, bytes] uint8");
   const Regrouped* g = regrouped(type);
-  return g ? convert_groups(w, "gguf_unpack", g->bytes, g->ungroup) : w;
+  return g ? convert_groups(w, "gguf_unpack", g->file_type, g->ungroup) : w;
 }
 
 // How many threads ``at::parallel_for`` ran ``n`` items on: more than one only where this
