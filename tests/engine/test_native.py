@@ -88,14 +88,24 @@ def test_random_views_match_gather_softmax(op, n_heads, n_kv, dim, dtype) -> Non
             assert (got[b].double() - ref).abs().max() < tol
 
 
+def test_a_cpu_with_avx512_bf16_gets_the_bf16_path(op) -> None:
+    """The shapes above run the AVX-512 BF16 path for bf16 queries and pools of head_dim
+    32/64/128/256 where the CPU has it: a build that silently lost it would still pass
+    them on the portable path."""
+    assert native.decode_bf16_path() == ("avx512_bf16" in native._cpu_flags().split())
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("min_split", [1, 7, 100_000])
-def test_work_split_does_not_change_the_answer(op, threads: int, min_split: int) -> None:
-    """Rows split across threads are merged by their maxima: the same softmax."""
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+def test_work_split_does_not_change_the_answer(op, threads: int, min_split: int,
+                                               q_dtype: torch.dtype) -> None:
+    """Rows split across threads are merged by their maxima: the same softmax (bf16
+    queries: the bf16 path where the CPU has it)."""
     gen = torch.Generator().manual_seed(3)
     kp = torch.randn(2, 4096, 64, generator=gen).to(torch.bfloat16)
     vp = torch.randn(2, 4096, 64, generator=gen).to(torch.bfloat16)
-    q = torch.randn(1, 14, 64, generator=gen)
+    q = torch.randn(1, 14, 64, generator=gen).to(q_dtype)
     runs = torch.tensor([[0, 16], [100, 1337], [2048, 2049], [3000, 4096]])
     offsets = torch.tensor([0, 4])
     before = torch.get_num_threads()
@@ -105,7 +115,8 @@ def test_work_split_does_not_change_the_answer(op, threads: int, min_split: int)
     finally:
         torch.set_num_threads(before)
     ref = gather_softmax(kp, vp, q[0], runs.tolist(), 1.0)[None]
-    assert (got.double() - ref).abs().max() < 1e-5  # unscaled q: sharp, large scores
+    tol = 1e-5 if q_dtype == torch.float32 else ROUNDING[q_dtype]
+    assert (got.double() - ref).abs().max() < tol  # unscaled q: sharp, large scores
 
 
 def test_rows_outside_the_runs_are_never_read(op) -> None:

@@ -219,3 +219,10 @@ def decode_op() -> DecodeOp | None:
         ENV_SWITCH,
         "decode attention runs on torch ops, several times slower",
     )
+
+
+def decode_bf16_path() -> bool:
+    """Whether the decode kernel built here takes bf16 queries over a bf16 pool through its
+    AVX-512 BF16 path (``csrc/decode_attn_avx512.h``: 2x the portable path's speed on a
+    Zen 5 core); ``False`` where the CPU or compiler lacks it, or there is no kernel."""
+    return decode_op() is not None and bool(torch.ops.declattn.decode_bf16_path())
