@@ -3,8 +3,10 @@
 qwen2.5-0.5b's shape (14 query heads over 2 KV heads of 64, bf16 KV): 24 layers of random
 K/V (so one layer's KV is not in cache when it is read), one decode row, a full view and
 a focus-like view of 8 runs keeping 1/8 of the rows; the best of 5 passes, and the bytes
-per second that makes. Usage:
-``python scripts/decode_attn_profile.py [--rows 4000,16000] [--threads 1,2]``
+per second that makes. bf16 queries take the AVX-512 BF16 path where the build has it,
+fp32 queries the portable path over the same pool (``--queries bf16,fp32`` times both,
+alternated in one process). Usage:
+``python scripts/decode_attn_profile.py [--rows 4000,16000] [--threads 1,2] [--queries bf16]``
 (docs/benchmarks.md quotes it).
 """
 
@@ -16,7 +18,7 @@ import time
 import torch
 
 from declattn.engine.decode import MIN_SPLIT_ROWS
-from declattn.engine.native import decode_op
+from declattn.engine.native import decode_bf16_path, decode_op
 
 LAYERS, KV_HEADS, HEADS, DIM = 24, 2, 14, 64
 
@@ -25,12 +27,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="4000,16000")
     ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--queries", default="bf16", help="query dtypes: bf16, fp32 or both")
     args = ap.parse_args()
     op = decode_op()
     if op is None:
         raise SystemExit("the decode kernel is not available (see the warning)")
+    print(f"AVX-512 BF16 path in this build: {decode_bf16_path()}")
     g = torch.Generator().manual_seed(0)
-    q = torch.randn(1, HEADS, DIM, generator=g).bfloat16()
+    q32 = torch.randn(1, HEADS, DIM, generator=g)
+    dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
+    queries = {name: q32.to(dtypes[name]) for name in args.queries.split(",")}
     for rows in (int(r) for r in args.rows.split(",")):
         shape = (KV_HEADS, rows, DIM)
         ks = [torch.randn(shape, generator=g).bfloat16() for _ in range(LAYERS)]
@@ -43,16 +49,18 @@ def main() -> None:
             torch.set_num_threads(threads)
             for name, runs in views.items():
                 offsets = torch.tensor([0, runs.shape[0]])
-                best = float("inf")
+                best = dict.fromkeys(queries, float("inf"))
                 for _ in range(6):  # the first pass warms up
-                    t0 = time.perf_counter()
-                    for k, v in zip(ks, vs, strict=True):
-                        op(q, k, v, runs, offsets, DIM**-0.5, MIN_SPLIT_ROWS)
-                    best = min(best, time.perf_counter() - t0)
+                    for qname, q in queries.items():
+                        t0 = time.perf_counter()
+                        for k, v in zip(ks, vs, strict=True):
+                            op(q, k, v, runs, offsets, DIM**-0.5, MIN_SPLIT_ROWS)
+                        best[qname] = min(best[qname], time.perf_counter() - t0)
                 kept = int((runs[:, 1] - runs[:, 0]).sum())
                 nbytes = kept * KV_HEADS * DIM * 2 * 2 * LAYERS
-                print(f"{rows:>6} rows {name:>5} {threads} thread(s): {best / LAYERS * 1e6:7.1f} us"
-                      f" per layer, {nbytes / best / 1e9:5.2f} GB/s")
+                for qname, t in best.items():
+                    print(f"{rows:>6} rows {name:>5} {qname} queries {threads} thread(s): "
+                          f"{t / LAYERS * 1e6:7.1f} us per layer, {nbytes / t / 1e9:5.2f} GB/s")
 
 
 if __name__ == "__main__":

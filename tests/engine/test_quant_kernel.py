@@ -18,7 +18,7 @@ from gguf.quants import dequantize
 from gguf_samples import gguf_blocks
 
 from declattn.engine.quant import kernel
-from declattn.engine.quant.linear import GEMM_ROWS, GGUFLinear
+from declattn.engine.quant.linear import GEMM_ROWS, GGUFLinear, bf16_gemm
 
 Q = GGMLQuantizationType
 NATIVE = [Q(t) for t in sorted(kernel.NATIVE_TYPES)]
@@ -97,6 +97,24 @@ def test_layer_dequantises_to_the_file_weight_and_keeps_its_bytes(op, kind):
     many = torch.randn(GEMM_ROWS, w.shape[1])  # a prefill chunk: the fp32 GEMM path
     ref = many.double() @ w.t()
     assert _rel(layer(many), ref) < 1e-5 < _rel(op(many, blocks, int(kind)), ref)
+
+
+@pytest.mark.parametrize("kind", [Q.Q5_0, Q.Q4_K], ids=lambda k: k.name)
+def test_a_bf16_prefill_chunk_takes_the_bf16_gemm_only_where_the_cpu_computes_bf16(op, kind):
+    """bf16 activations of a prefill chunk: the weight rounded to bf16 and a bf16 GEMM
+    where oneDNN has native bf16 kernels (``bf16_gemm``), else the fp32 GEMM; either
+    way close to the exact product."""
+    blocks, w = _case(kind)
+    layer = GGUFLinear(blocks, int(kind), w.shape[1])
+    x = torch.randn(GEMM_ROWS + 3, w.shape[1]).bfloat16()
+    got = layer(x)
+    exact = layer.dequantized()
+    if bf16_gemm():
+        want = torch.nn.functional.linear(x, exact.bfloat16())
+    else:
+        want = torch.nn.functional.linear(x.float(), exact).bfloat16()
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
+    assert _rel(got, x.double() @ w.t()) < 1e-2
 
 
 REGROUPED = {Q.Q5_0: 1006, Q.Q8_0: 1008}
