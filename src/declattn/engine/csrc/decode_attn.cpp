@@ -61,6 +61,48 @@ inline void head_blocks(int group, F&& f) {
   }
 }
 
+// Reads ``bytes`` of a K row and of a V row into cache ahead of their use.
+inline void prefetch_row(const void* k, const void* v, int bytes) {
+  for (int b = 0; b < bytes; b += 64) {
+    __builtin_prefetch(static_cast<const char*>(k) + b);
+    __builtin_prefetch(static_cast<const char*>(v) + b);
+  }
+}
+
+// The kept rows of one work item (rows [lo, hi) counted across its runs: ends[i] is the
+// number of rows in runs 0..i), walked in order a tile at a time.
+template <typename T>
+class RowWalk {
+ public:
+  RowWalk(const int64_t* runs, const int64_t* ends, int64_t n_runs, int64_t lo)
+      : runs_(runs), r_(std::upper_bound(ends, ends + n_runs, lo) - ends),  // run of row lo
+        row_(runs[2 * r_] + (lo - (r_ ? ends[r_ - 1] : 0))) {}
+
+  // The next n rows' K and V rows into krows/vrows (K padded to kTile with the first
+  // row: scored, then dropped). ``ahead`` > 0 prefetches the row that far ahead where it
+  // is still in the same run, so nothing outside the view is ever touched.
+  void tile(int n, int dim, const T* kbase, const T* vbase, const T** krows, const T** vrows,
+            int ahead) {
+    for (int t = 0; t < n; ++t) {
+      while (row_ == runs_[2 * r_ + 1]) {  // the next non-empty run
+        ++r_;
+        row_ = runs_[2 * r_];
+      }
+      krows[t] = kbase + row_ * dim;
+      vrows[t] = vbase + row_ * dim;
+      if (ahead > 0 && row_ + ahead < runs_[2 * r_ + 1])
+        prefetch_row(krows[t] + ahead * dim, vrows[t] + ahead * dim,
+                     dim * static_cast<int>(sizeof(T)));
+      ++row_;
+    }
+    for (int t = n; t < kTile; ++t) krows[t] = krows[0];
+  }
+
+ private:
+  const int64_t* runs_;
+  int64_t r_, row_;
+};
+
 #include "decode_attn_portable.h"
 
 #if defined(__AVX512BF16__)

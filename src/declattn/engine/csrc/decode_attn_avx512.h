@@ -166,13 +166,6 @@ inline void softmax16(float* s, int group, int n, int dim, float* acc, float* m,
 // the portable path, bound by its arithmetic, it changed nothing).
 constexpr int kAhead = 16;
 
-inline void prefetch_row(const at::BFloat16* k, const at::BFloat16* v, int dim) {
-  for (int b = 0; b < dim * 2; b += 64) {
-    __builtin_prefetch(reinterpret_cast<const char*>(k) + b);
-    __builtin_prefetch(reinterpret_cast<const char*>(v) + b);
-  }
-}
-
 // attend_rows for bf16 q (``qb``, unscaled, as bf16 pairs) over bf16 pools, dim 32 C:
 // the same work item, the same outputs (acc, m, l).
 template <int C>
@@ -191,21 +184,10 @@ void attend_rows_bf16(const uint32_t* qb, float scale, int group, const at::BFlo
   lay_queries<C>(qb, group, qv.data());
   const at::BFloat16* krows[kTile];
   const at::BFloat16* vrows[kTile];
-  int64_t r = std::upper_bound(ends, ends + n_runs, lo) - ends;  // the run holding row lo
-  int64_t row = runs[2 * r] + (lo - (r ? ends[r - 1] : 0));
+  RowWalk<at::BFloat16> walk(runs, ends, n_runs, lo);
   for (int64_t at = lo; at < hi;) {
     const int n = static_cast<int>(std::min<int64_t>(kTile, hi - at));
-    for (int t = 0; t < n; ++t) {
-      while (row == runs[2 * r + 1]) {  // the next non-empty run
-        ++r;
-        row = runs[2 * r];
-      }
-      krows[t] = kbase + row * dim;
-      vrows[t] = vbase + row * dim;
-      if (row + kAhead < runs[2 * r + 1]) prefetch_row(krows[t] + kAhead * dim, vrows[t] + kAhead * dim, dim);
-      ++row;
-    }
-    for (int t = n; t < kTile; ++t) krows[t] = krows[0];  // padding: scored, then dropped
+    walk.tile(n, dim, kbase, vbase, krows, vrows, kAhead);
     at += n;
     for (int t0 = 0; t0 < n; t0 += R) {
       transpose_rows<C>(krows + t0, kt);

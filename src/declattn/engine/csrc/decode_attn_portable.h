@@ -163,20 +163,10 @@ void attend_rows(const float* q, int group, int dim, const T* kbase, const T* vb
   float* vt = vbuf.data();
   const T* krows[kTile];
   const T* vrows[kTile];
-  int64_t r = std::upper_bound(ends, ends + n_runs, lo) - ends;  // the run holding row lo
-  int64_t row = runs[2 * r] + (lo - (r ? ends[r - 1] : 0));
+  RowWalk<T> walk(runs, ends, n_runs, lo);
   for (int64_t at = lo; at < hi;) {
     const int n = static_cast<int>(std::min<int64_t>(kTile, hi - at));
-    for (int t = 0; t < n; ++t) {
-      while (row == runs[2 * r + 1]) {  // the next non-empty run
-        ++r;
-        row = runs[2 * r];
-      }
-      krows[t] = kbase + row * dim;
-      vrows[t] = vbase + row * dim;
-      ++row;
-    }
-    for (int t = n; t < kTile; ++t) krows[t] = krows[0];  // padding: scored, then dropped
+    walk.tile(n, dim, kbase, vbase, krows, vrows, 0);  // prefetch: no gain on this path
     at += n;
     head_blocks(group, [&](auto gb, int g0) {
       constexpr int GB = decltype(gb)::value;
