@@ -86,3 +86,19 @@ def test_shapes_the_kernels_refuse_are_refused():
         )
     with pytest.raises(ValueError, match="multiple of 8"):
         Int8Linear.from_float(torch.randn(16, 90), BF16)
+
+
+def test_packed_tensors_at_any_offset_are_aligned_before_torchs_kernels_see_them():
+    """Views into a safetensors file sit at any offset; torch's int8 kernel crashed on
+    codes 56 bytes past a 64-byte boundary (AVX-512). The layers hold aligned copies,
+    and the result is the one of the aligned tensors."""
+    gen = torch.Generator().manual_seed(0)
+    buf = torch.randint(-127, 127, (64 * 64 + 64,), dtype=torch.int8, generator=gen)
+    codes = buf[56 : 56 + 64 * 64].view(64, 64)
+    scales = torch.rand(200, generator=gen).bfloat16()[28 : 28 + 64]
+    assert codes.data_ptr() % 64 and scales.data_ptr() % 64
+    layer = Int8Linear(codes, scales)
+    assert layer.codes.data_ptr() % 64 == 0 and layer.scales.data_ptr() % 64 == 0
+    x = torch.randn(20, 64, generator=gen).bfloat16()
+    want = Int8Linear(codes.clone(), scales.clone())(x)
+    assert torch.equal(layer(x), want)

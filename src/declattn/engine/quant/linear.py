@@ -41,6 +41,17 @@ _INT4_ROW_MULTIPLE = 16
 _INT8_COL_MULTIPLE = 8
 
 
+def aligned(t: Tensor) -> Tensor:
+    """``t`` contiguous at a 64-byte boundary, copied only if it is not. Tensors loaded
+    from the packed cache are views into its safetensors file at any offset, and
+    torch's ``_weight_int8pack_mm`` crashed (segmentation fault) on codes and scales
+    56 bytes past a boundary on the Zen 5 guest (AVX-512) of 2026-12-02."""
+    if t.is_contiguous() and t.data_ptr() % 64 == 0:
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)  # the allocator aligns
+    return out.copy_(t)
+
+
 class QuantLinear(nn.Module):
     """A linear layer ``y = x W^T + b`` whose ``W`` is stored packed.
 
@@ -204,8 +215,8 @@ class Int4Linear(QuantLinear):
     ) -> None:
         super().__init__()
         self.in_features, self.out_features, self.group = in_features, out_features, group
-        self.register_buffer("packed", packed)
-        self.register_buffer("scales_zeros", scales_zeros)
+        self.register_buffer("packed", aligned(packed))
+        self.register_buffer("scales_zeros", aligned(scales_zeros))
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     @classmethod
@@ -254,8 +265,8 @@ class Int8Linear(QuantLinear):
     def __init__(self, codes: Tensor, scales: Tensor, bias: Tensor | None = None) -> None:
         super().__init__()
         self.out_features, self.in_features = codes.shape
-        self.register_buffer("codes", codes)
-        self.register_buffer("scales", scales)
+        self.register_buffer("codes", aligned(codes))
+        self.register_buffer("scales", aligned(scales))
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
 
     @classmethod
