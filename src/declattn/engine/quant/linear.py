@@ -27,6 +27,8 @@ GEMM, or bf16 where ``bf16_gemm``): on 2-core AVX2 a 512-row chunk ran 2.8x fast
 fp32 GEMM than through the integer kernel, which wins where the bytes, not the
 arithmetic, bound the time (decode)."""
 INT4_GROUPS = (32, 64, 128, 256)
+_INT4_ROW_MULTIPLE = 16
+_INT8_COL_MULTIPLE = 8
 
 
 @functools.cache
@@ -37,8 +39,6 @@ def bf16_gemm() -> bool:
     ran at 105-178 GFLOP/s in fp32 (MKL) and 770-825 in bf16; on an AVX2-only CPU bf16
     is emulated and several times slower, so there the GEMM stays fp32."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-_INT4_ROW_MULTIPLE = 16
-_INT8_COL_MULTIPLE = 8
 
 
 def aligned(t: Tensor) -> Tensor:
@@ -48,8 +48,7 @@ def aligned(t: Tensor) -> Tensor:
     56 bytes past a boundary on the Zen 5 guest (AVX-512) of 2026-12-02."""
     if t.is_contiguous() and t.data_ptr() % 64 == 0:
         return t
-    out = torch.empty(t.shape, dtype=t.dtype, device=t.device)  # the allocator aligns
-    return out.copy_(t)
+    return t.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation
 
 
 class QuantLinear(nn.Module):
@@ -124,10 +123,11 @@ class GGUFLinear(QuantLinear):
             return y if self.bias is None else y + self.bias
         shape = x.shape
         x2 = x.reshape(-1, shape[-1]).contiguous()
-        if x2.shape[0] >= GEMM_ROWS and x2.dtype == torch.bfloat16 and bf16_gemm():
-            y = F.linear(x2, self.dequantized().to(torch.bfloat16))
-        elif x2.shape[0] >= GEMM_ROWS:
-            y = F.linear(x2.float(), self.dequantized()).to(x.dtype)
+        if x2.shape[0] >= GEMM_ROWS:
+            if x2.dtype == torch.bfloat16 and bf16_gemm():
+                y = F.linear(x2, self.dequantized().to(torch.bfloat16))
+            else:
+                y = F.linear(x2.float(), self.dequantized()).to(x.dtype)
         else:
             y = self._matmul(x2, self.blocks, self.kernel_type)
         return self._finish(y, shape)
