@@ -1,6 +1,6 @@
 """Both decode paths (the fused kernel and the torch fallback): any split of the kept
 rows into runs gives one softmax over them, through ``decode_runs`` and through
-``PagedAttention``."""
+``PagedAttention``; asked to, bit for bit the same wherever the blocks sit."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from paged_world import HEAD_DIM, SCALE, TOL, dense_reference, make_world
 
-from declattn.engine.decode import decode_runs
+from declattn.engine.decode import RunBatch, decode_batch, decode_runs
 from declattn.engine.reads import ReadCounter
-from declattn.engine.runs import RunPlan
+from declattn.engine.runs import RunPlan, plan_runs
 
 
 def test_long_runs_take_the_per_head_path(kernel: str) -> None:
@@ -84,3 +84,31 @@ def test_decode_kernels_and_their_merge_match_dense(rows, dtype, kernel: str) ->
     got = decode_runs(kp, vp, q, rows, SCALE, kernel=kernel)
     assert got.dtype == dtype
     assert (got.double() - ref).abs().max() < (TOL if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_where_blocks_sit_does_not_change_the_answer(kernel: str, dtype) -> None:
+    """The same logical K/V, once in consecutive blocks and once scattered with later
+    blocks below earlier ones (a freed block reused), gives bit-equal attention, for a
+    full view and a DA view: rows are summed in logical order whatever the placement.
+    What batch-invariant mode rests on, since which blocks a sequence gets depends on
+    what else runs beside it."""
+    gen = torch.Generator().manual_seed(11)
+    bs, n_kv, dim, n_blocks = 16, 3, 64, 23
+    length = n_blocks * bs - 5
+    k = torch.randn(n_kv, n_blocks * bs, dim, generator=gen).to(dtype)
+    v = torch.randn(n_kv, n_blocks * bs, dim, generator=gen).to(dtype)
+    q = torch.randn(1, 9, dim, generator=gen).to(dtype)
+    scattered = [40, 41, 42, 7, 8, 60, 3, 4, 5, 6, 50, 51, 52, 53, 1, 0, 30, 31, 32, 33,
+                 34, 20, 10]
+    got = []
+    for table in (list(range(n_blocks)), scattered):
+        kp = torch.full((n_kv, 64 * bs, dim), float("nan"), dtype=dtype)
+        vp = kp.clone()
+        for logical, phys in enumerate(table):
+            kp[:, phys * bs : (phys + 1) * bs] = k[:, logical * bs : (logical + 1) * bs]
+            vp[:, phys * bs : (phys + 1) * bs] = v[:, logical * bs : (logical + 1) * bs]
+        for keep in (range(n_blocks), [0, 1, 2, 5, 9, 10, 14, 15, 16, 20, 22]):
+            batch = RunBatch.of([plan_runs(table, keep, 0, length, bs, "cpu", None)])
+            got.append(decode_batch(kp, vp, q, batch, dim**-0.5, placement_invariant=True))
+    assert torch.equal(got[0], got[2]) and torch.equal(got[1], got[3])

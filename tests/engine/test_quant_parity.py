@@ -15,12 +15,14 @@ import pytest
 import torch
 from test_engine import dense_greedy, make_engine, prompt, run_one, tiny_model
 from test_session import CONTEXT, QUESTION, TRANSCRIPT
+from torch import Tensor
 
 from declattn.api import Engine
 from declattn.bench.quant_accuracy import PROMPTS, markdown, measure
 from declattn.engine.controller import Controller, Forced
+from declattn.engine.dense import DenseAttention
 from declattn.engine.loader import load_model
-from declattn.engine.quant import GGUFLinear, QuantLinear
+from declattn.engine.quant import GGUFLinear, QuantLinear, linear
 from declattn.engine.quant.dense import pack_dense
 from declattn.engine.registry import resolve_model
 from declattn.engine.sampler import SamplingParams
@@ -60,19 +62,52 @@ def test_packed_logits_and_greedy_tokens_track_the_file(accuracy):
     assert arms["packed prefill"]["mean_abs"] < 1.5 * arms["bf16"]["mean_abs"]
 
 
-def test_paged_greedy_equals_dense_recompute_on_packed_weights():
+def _paged_and_dense_logits(loaded, ids: list[int], n: int) -> tuple[list[int], Tensor, Tensor]:
+    """The engine's greedy tokens for ``ids`` and its logits at each, and a dense
+    recompute's logits teacher-forced on those tokens (``[n, vocab]`` each)."""
+    engine = Engine(loaded, kv_tokens=1024)
+    seen: list[Tensor] = []
+
+    class Recorder(Controller):
+        def process_logits(self, logits: Tensor) -> Tensor:
+            seen.append(logits.clone())
+            return logits
+
+    seq = engine.add(Recorder(ids), SamplingParams(max_tokens=n, ignore_eos=True))
+    for _ in engine.run(seq):
+        pass
+    full = torch.tensor(ids + seq.output_ids[:-1])
+    with torch.no_grad():
+        hidden = loaded.model(full, torch.arange(full.numel()), DenseAttention())
+        dense = loaded.model.logits(hidden[len(ids) - 1 :])
+    return seq.output_ids, torch.stack(seen), dense
+
+
+def test_paged_equals_dense_recompute_on_packed_weights(monkeypatch, accuracy):
     """The engine's own rule, on the GGUF kernel's layers (fp32 activations, so that the
-    attention paths are the only difference)."""
+    attention paths are the only difference).
+
+    Where the layers run the file's weights in an fp32 GEMM (``GEMM_ROWS`` 1: every step
+    takes it) greedy tokens are equal. The decode kernel rounds activations to int8 per
+    block of 32, as llama.cpp does: a step function, so the last-bit differences
+    between paged and dense attention flip a few roundings and grow to that rounding's
+    own noise (on the AMX Xeon guest, 2026-12-02: mean 0.17, max 1.2 teacher-forced,
+    and one greedy token of 16 changed at a 0.4 margin). There the rule is the accuracy
+    test's: no further from dense than the packed path is from the file."""
     loaded = load_model(resolve_model("smollm2-135m"), dtype=torch.float32, quantize=True)
     assert loaded.quant is not None
-    engine = Engine(loaded, kv_tokens=1024)
-    tok = loaded.tokenizer
-    for text in PROMPTS[:3]:
-        ids = tok(text * 6).input_ids  # a few blocks long
-        seq = engine.add(Controller(ids), SamplingParams(max_tokens=16, ignore_eos=True))
-        for _ in engine.run(seq):
-            pass
-        assert seq.output_ids == dense_greedy(loaded.model, ids, 16)
+    bound = 3 * accuracy["arms"]["bf16"]["mean_abs"]
+    prompts = [loaded.tokenizer(text * 6).input_ids for text in PROMPTS[:3]]  # a few blocks
+    for ids in prompts:
+        _, paged, dense = _paged_and_dense_logits(loaded, ids, 16)
+        assert (paged.argmax(-1) == dense.argmax(-1)).sum() >= 14
+        assert float((paged - dense).abs().mean()) < bound
+        assert float((paged - dense).abs().max()) < 3.0
+    monkeypatch.setattr(linear, "GEMM_ROWS", 1)
+    for ids in prompts:
+        tokens, paged, dense = _paged_and_dense_logits(loaded, ids, 16)
+        assert tokens == dense.argmax(-1).tolist()
+        assert float((paged - dense).abs().max()) < 1e-3
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])

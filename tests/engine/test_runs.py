@@ -21,14 +21,17 @@ def test_short_whole_block_runs_are_gathered_and_the_rest_sliced() -> None:
     assert RunPlan.from_rows(split[:4], 16).pieces.gather is None  # a few runs stay slices
 
 
-def test_runs_follow_physical_order_and_name_the_logical_blocks() -> None:
+def test_runs_follow_logical_order_and_name_the_logical_blocks() -> None:
     """Logical blocks 0..5 live at physical 7, 8, 2, 3, 4, 10; keeping 0, 1, 3, 4, 5 of a
-    length-22 sequence (block size 4) reads physical 3-4 as one run, 7-8 as another,
-    and only the 2 filled rows of the newest block (physical 10)."""
+    length-22 sequence (block size 4) reads physical 7-8 as one run, then 3-4 (logical
+    order, though they sit lower in the pool), and only the 2 filled rows of the newest
+    block (physical 10)."""
     table = [7, 8, 2, 3, 4, 10]
     plan = plan_runs(table, [0, 1, 3, 4, 5], 0, 22, 4, "cpu")
     assert plan.pieces.gather is None
-    assert plan.rows.tolist() == [[12, 20], [28, 36], [40, 42]]
+    assert plan.rows.tolist() == [[28, 36], [12, 20], [40, 42]]
+    assert plan_runs(table, [5, 3, 0, 4, 1, 3], 0, 22, 4, "cpu").rows.tolist() == (
+        plan.rows.tolist())  # a view is a set: its order and repeats change nothing
     assert plan.blocks == (0, 1, 3, 4, 5)
     assert plan.n_rows == 8 + 8 + 2
 
@@ -42,5 +45,5 @@ def test_window_bounds_cut_partial_blocks_and_inverse_matches_table() -> None:
     a = plan_runs(table, range(1, 6), 6, 22, 4, "cpu")
     b = plan_runs(table, range(1, 6), 6, 22, 4, "cpu", inverse)
     assert (a.rows.tolist(), a.blocks, a.n_rows) == (b.rows.tolist(), b.blocks, b.n_rows)
-    assert a.rows.tolist() == [[8, 20], [34, 36], [40, 42]]
+    assert a.rows.tolist() == [[34, 36], [8, 20], [40, 42]]
     assert a.blocks == (1, 2, 3, 4, 5) and a.n_rows == 16

@@ -162,7 +162,9 @@ def test_batch_invariant_bf16_streams_equal_one_at_a_time(bf16_invariant: Any) -
         together = list(pool.map(lambda i: _stream(client, i), range(n)))
     together_wall = time.perf_counter() - t0
     differ = [i for i, (a, b) in enumerate(zip(alone, together, strict=True)) if a.text != b.text]
-    assert differ == [], f"{len(differ)} of {n} greedy responses changed when batched"
+    first = (f"; request {differ[0]}: alone {alone[differ[0]].text!r}, batched "
+             f"{together[differ[0]].text!r}") if differ else ""
+    assert differ == [], f"{len(differ)} of {n} greedy responses changed when batched{first}"
     assert sum(bool(r.text) for r in alone) >= n // 2
     print(f"\n[bf16, --batch-invariant, {n} requests] one at a time {alone_wall:.1f} s, "
           f"concurrent {together_wall:.1f} s")

@@ -60,18 +60,27 @@ def resolve_kernel(kernel: Kernel, pool: Tensor) -> Kernel:
 
 
 def decode_batch(
-    kp: Tensor, vp: Tensor, q: Tensor, batch: RunBatch, scale: float, kernel: Kernel = "auto"
+    kp: Tensor,
+    vp: Tensor,
+    q: Tensor,
+    batch: RunBatch,
+    scale: float,
+    kernel: Kernel = "auto",
+    placement_invariant: bool = False,
 ) -> Tensor:
     """Attention of query rows ``q [B, H, D]`` over the pools ``kp, vp [Hkv, rows, D]``,
     row ``b`` reading the rows of ``batch.plans[b]`` -> ``[B, H, D]`` in ``q``'s dtype
     (accumulated in fp32 on both paths).
 
     ``kernel`` forces a path (tests and benchmarks compare them); ``native`` raises when
-    the kernel is unavailable."""
+    the kernel is unavailable. ``placement_invariant``: a row's result must not depend
+    on where its blocks sit in the pool. The fused kernel always sums rows in the plan's
+    logical order, in tiles counted from its first row; the torch path then pays one
+    gather of the kept rows (``torch_decode``'s ``in_order``)."""
     if resolve_kernel(kernel, kp) == "torch":
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         for b, plan in enumerate(batch.plans):
-            out[b] = torch_decode(kp, vp, q[b], plan, scale)
+            out[b] = torch_decode(kp, vp, q[b], plan, scale, placement_invariant)
         return out
     op = decode_op()
     if op is None:

@@ -100,7 +100,9 @@ def _blas_runs(qg: Tensor, parts: list[tuple[Tensor, Tensor]], with_lse: bool):
     return out, lse
 
 
-def torch_decode(kp: Tensor, vp: Tensor, q: Tensor, plan: RunPlan, scale: float) -> Tensor:
+def torch_decode(
+    kp: Tensor, vp: Tensor, q: Tensor, plan: RunPlan, scale: float, in_order: bool = False
+) -> Tensor:
     """Attention of one query row ``q [H, D]`` over the rows of ``plan`` -> fp32 ``[H, D]``.
 
     Every run is read in place (a zero-copy slice of the pool), so the bytes touched
@@ -108,6 +110,11 @@ def torch_decode(kp: Tensor, vp: Tensor, q: Tensor, plan: RunPlan, scale: float)
     kernel with each KV head's query group folded into its rows (per-call overhead is
     what a short run costs); long runs go through BLAS head by head. Partials are
     merged exactly by their log-sum-exp.
+
+    How the rows split into pieces depends on where the blocks sit, and so does the
+    rounding. ``in_order`` gathers all of them into one piece in the plan's (logical)
+    order instead: a copy of the kept K/V, for a result that depends only on the
+    sequence (batch-invariant mode).
     """
     n_heads, dim = q.shape
     n_kv = kp.shape[0]
@@ -115,9 +122,13 @@ def torch_decode(kp: Tensor, vp: Tensor, q: Tensor, plan: RunPlan, scale: float)
     # Folding the scale into q costs one rounding of a [H, D] vector instead of a pass
     # over the [Hkv, G, L] scores.
     qg = (q.float() * scale).to(kp.dtype).reshape(n_kv, group, dim)
-    parts = [(kp[:, r0:r1], vp[:, r0:r1]) for r0, r1 in plan.pieces.slices]
-    if plan.pieces.gather is not None:
-        parts.append((_gather_blocks(kp, plan), _gather_blocks(vp, plan)))
+    if in_order:
+        rows = plan.row_index
+        parts = [(kp.index_select(1, rows), vp.index_select(1, rows))]
+    else:
+        parts = [(kp[:, r0:r1], vp[:, r0:r1]) for r0, r1 in plan.pieces.slices]
+        if plan.pieces.gather is not None:
+            parts.append((_gather_blocks(kp, plan), _gather_blocks(vp, plan)))
     flash = flash_with_lse() if kp.device.type == "cpu" else None
     if flash is None:
         return _blas_runs(qg, parts, False)[0].reshape(n_heads, dim)

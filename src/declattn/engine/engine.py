@@ -334,7 +334,9 @@ class PagedEngine:
             steps.append(SeqStep(seq.seq_id, length - 1, 1, ctl.view(length), select))
         ids = torch.tensor([s.output_ids[-1] for s in seqs], device=self.device)
         pos = torch.tensor([s.length - 1 for s in seqs], device=self.device)
-        attn = PagedAttention(self.cache, steps, self.counter)
+        attn = PagedAttention(
+            self.cache, steps, self.counter, placement_invariant=self.batch_invariant
+        )
         context = self._context([(s, range(s.length - 1, s.length)) for s in seqs])
         hidden = self.model(ids, pos, attn, context)
         logits = self.model.logits(hidden)

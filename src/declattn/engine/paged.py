@@ -116,12 +116,16 @@ class PagedAttention:
         counter: ReadCounter | None = None,
         *,
         kernel: Kernel = "auto",
+        placement_invariant: bool = False,
     ) -> None:
         """``kernel`` forces a decode path (``native`` or ``torch``) where a benchmark or a
-        test compares them; the engine leaves it on ``auto``."""
+        test compares them; the engine leaves it on ``auto``. ``placement_invariant``:
+        decode rows' results must not depend on where their blocks sit (see
+        ``decode_batch``); batch-invariant mode asks for it."""
         self.cache = cache
         self.counter = counter
         self.kernel = resolve_kernel(kernel, cache.k[0])
+        self.placement_invariant = placement_invariant
         self._bytes_per_token = cache.config.bytes_per_token  # a property that allocates
         self._device = str(cache.config.device)
         bs = cache.block_size
@@ -256,7 +260,7 @@ class PagedAttention:
         where a selection hook needs a row's query by its step row)."""
         batch = self._batch(layer, q if q_step is None else q_step, window)
         self._record(layer, batch, window is not None)
-        return decode_batch(kp, vp, q, batch, scale, self.kernel)
+        return decode_batch(kp, vp, q, batch, scale, self.kernel, self.placement_invariant)
 
     def _batch(self, layer: int, q: Tensor, window: int | None) -> RunBatch:
         """The runs of every decode row on this layer, as one kernel call reads them.

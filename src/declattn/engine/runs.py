@@ -85,6 +85,11 @@ class RunPlan:
         return cls(bs, r, blocks, int((r[:, 1] - r[:, 0]).sum()), device)
 
     @functools.cached_property
+    def row_index(self) -> Tensor:
+        """Every pool row the plan reads, in its order (for one gather of them all)."""
+        return torch.from_numpy(_expand(self.rows[:, 0], self.rows[:, 1])).to(self.device)
+
+    @functools.cached_property
     def pieces(self) -> Pieces:
         """The rows split for the torch fallback. Short runs of whole blocks (left
         isolated by interleaved growth) are gathered together with one
@@ -113,21 +118,24 @@ def plan_runs(
     """Group kept logical blocks into maximal runs of consecutive physical rows.
 
     Only positions in ``[lo, hi)`` are valid; a partial block ends (or starts) its run
-    so that a run is one plain slice. Attention is order-free over keys (positions are
-    already in the rotated keys), so runs follow physical order, not logical order.
+    so that a run is one plain slice. Runs follow logical order: attention is order-free
+    over keys in exact arithmetic, but not in fp32, and the kernels sum the rows in the
+    order of their runs. In logical order a sequence's attention depends only on its
+    tokens, never on where its blocks happen to sit in the pool (which depends on what
+    else ran beside it), so batch-invariant mode gives bit-equal results; physical order
+    made them differ once a freed block was reused below a sequence's earlier ones.
     Vectorised: a 64K-token view has thousands of blocks and is planned every step.
     """
     tab = np.asarray(table, dtype=np.int64)
     lb = np.asarray(keep, dtype=np.int64)
+    if lb.size > 1 and not bool((lb[1:] > lb[:-1]).all()):
+        lb = np.unique(lb)
     a = np.maximum(0, lo - lb * bs)
     b = np.minimum(bs, hi - lb * bs)
     valid = a < b
     phys, a, b = tab[lb[valid]], a[valid], b[valid]
     if phys.size == 0:
         return RunPlan(bs, np.zeros((0, 2), dtype=np.int64), (), 0, device)
-    if phys.size > 1 and not bool((phys[1:] > phys[:-1]).all()):
-        order = np.argsort(phys, kind="stable")
-        phys, a, b = phys[order], a[order], b[order]
     # A block continues the previous run only if it is the next physical block, the
     # previous one was read to its end, and this one is read from its start.
     cont = np.zeros(phys.size, dtype=bool)
