@@ -76,7 +76,7 @@ def test_a_small_request_is_not_held_behind_a_5mb_one(server: Any) -> None:
     cores with the tokenizer, so it is slower than alone, but not by the big one's time)."""
     state = server.state
     bounded = state.limits
-    state.limits = dataclasses.replace(bounded, chars_per_token=None)
+    state.limits = dataclasses.replace(bounded, token_bound=None)
     try:
         out: dict[str, Any] = {}
         big = threading.Thread(target=_timed, args=(server.url, _chat(_text(FIVE_MB)), out, "big"))
@@ -97,7 +97,7 @@ def test_big_requests_leave_a_worker_for_small_ones(server_factory: Any) -> None
     """Two workers, two big requests at once: the big ones take turns in one worker, and
     a small request gets the other at once."""
     srv = server_factory(kv_blocks=64, prepare_workers=2)
-    srv.state.limits = dataclasses.replace(srv.state.limits, chars_per_token=None)
+    srv.state.limits = dataclasses.replace(srv.state.limits, token_bound=None)
     out: dict[str, Any] = {}
     bigs = [threading.Thread(target=_timed, args=(srv.url, _chat(_text(1_500_000)), out, f"b{i}"))
             for i in range(2)]

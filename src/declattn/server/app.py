@@ -42,7 +42,7 @@ from declattn.server.request_body import (
 from declattn.server.responses import DONE, KEEP_ALIVE, Shape
 from declattn.server.scheduler import Failed, Finished, Job, QueueFull, Scheduler, TextOut
 from declattn.server.schemas import ChatCompletionRequest, CompletionRequest
-from declattn.server.token_bound import max_chars_per_token
+from declattn.server.token_bound import token_bound
 
 if TYPE_CHECKING:
     from declattn.api import Engine
@@ -177,7 +177,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         block_size=served.block_size,
         max_tokens_cap=config.max_tokens_cap,
         default_max_tokens=config.default_max_tokens,
-        chars_per_token=max_chars_per_token(served.tokenizer),
+        token_bound=token_bound(served.tokenizer),
         request_timeout_s=config.request_timeout_s,
     )
     pool = PreparePool(served, config.prepare_workers)  # served.tokenizer: one per worker

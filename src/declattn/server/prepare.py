@@ -21,7 +21,7 @@ from declattn.protocol.segment import SegmentError
 from declattn.protocol.template import NoChatTemplateError
 from declattn.server.errors import ECHO_MESSAGE_CHARS, APIError, bad_request, echo
 from declattn.server.schemas import ChatCompletionRequest, CompletionRequest, DARequest
-from declattn.server.token_bound import fewest_tokens
+from declattn.server.token_bound import TokenBound
 from declattn.session import DAOptions, DASession, PlainSession, Session
 
 DEFAULT_TEMPERATURE = 1.0
@@ -40,8 +40,8 @@ class Limits:
     block_size: int
     max_tokens_cap: int | None = None
     default_max_tokens: int = 512
-    chars_per_token: int | None = None
-    """At most this many characters per token (``token_bound``); ``None``: no bound."""
+    token_bound: TokenBound | None = None
+    """How few tokens a text can be (``token_bound``); ``None``: no bound."""
     request_timeout_s: float | None = None
     """The server's cap on a request's time (``--request-timeout``); ``None``: none."""
 
@@ -170,25 +170,26 @@ def _fit_length(prompt_len: int, max_tokens: int, explicit: bool, limits: Limits
     return max_tokens
 
 
-def check_chars(chars: int, limits: Limits, param: str) -> None:
-    """Refuse a prompt of ``chars`` characters before tokenising it where even the fewest
-    tokens it can be are over the cap; the exact count (``_fit_length``) decides the rest."""
-    least = fewest_tokens(chars, limits.chars_per_token)
-    if least > limits.prompt_cap:
+def check_chars(text: str, limits: Limits, param: str) -> None:
+    """Refuse a prompt before tokenising it where even the fewest tokens ``text`` can be
+    are over the cap; the exact count (``_fit_length``) decides the rest."""
+    bound = limits.token_bound
+    least = bound.fewest_tokens(text) if bound else 0
+    if bound and least > limits.prompt_cap:
         raise bad_request(
             f"This model's maximum context length is {limits.max_positions} tokens "
             f"(this server's KV pool: {limits.pool_blocks * limits.block_size}). However, "
-            f"the prompt holds {chars} characters, at least {least} tokens (this tokenizer "
-            f"writes at most {limits.chars_per_token} characters a token). Please reduce the "
-            "length of the prompt.",
+            f"the prompt holds {len(text)} characters, at least {least} tokens (this "
+            f"tokenizer writes at most {bound.chars_per_token} characters a token). Please "
+            "reduce the length of the prompt.",
             param=param,
             code="context_length_exceeded",
         )
 
 
-def _nonspace(text: str) -> int:
-    """Characters other than whitespace: what a template that trims text still keeps."""
-    return len("".join(text.split()))
+def _nonspace(text: str) -> str:
+    """``text`` without its whitespace: what a template that trims text still keeps."""
+    return "".join(text.split())
 
 
 def _temperature(req: Any) -> float:
@@ -284,7 +285,7 @@ def _template_ids(
     except Exception as e:  # the template's own checks (role order, ...) fail as jinja errors
         raise bad_request("the chat template cannot render these messages: "
                           f"{echo(e, ECHO_MESSAGE_CHARS)}", param="messages") from e
-    check_chars(len(text), limits, "messages")
+    check_chars(text, limits, "messages")
     return list(tok.encode(text, add_special_tokens=False))
 
 
@@ -329,7 +330,7 @@ def _messages_session(
             param="declarative_attention.chunks", code="invalid_da_options",
         )
     messages = _chat_messages(req)
-    check_chars(sum(_nonspace(m["content"]) for m in messages), limits, "messages")
+    check_chars("".join(_nonspace(m["content"]) for m in messages), limits, "messages")
     try:
         return engine.messages_session(
             messages, tools=req.tools, options=options, max_tokens=max_tokens
@@ -402,7 +403,7 @@ def prepare_completion(engine: Any, req: CompletionRequest, limits: Limits) -> P
                               param="prompt", code="unsupported_value")
         prompt = prompt[0]
     valid_text(prompt, "prompt")
-    check_chars(len(prompt), limits, "prompt")
+    check_chars(prompt, limits, "prompt")
     ids = list(engine.tokenizer.encode(prompt, add_special_tokens=True))
     if not ids:
         raise bad_request("the prompt is empty", param="prompt")
