@@ -539,6 +539,21 @@ def test_packed_layers_are_cached_beside_the_conversion(tmp_path, monkeypatch):
     assert second.quant.cache_hit and second.quant.layers == first.quant.layers
     a, b = first.model.state_dict(), second.model.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    if Path("/proc/self/maps").is_file():  # the blocks are copies, not views of the file
+        from declattn.engine.quant import GGUFLinear
+
+        blocks = [m.blocks for m in second.model.modules() if isinstance(m, GGUFLinear)]
+        assert blocks and not any(_mapped_file(t.data_ptr()) for t in blocks)
+
+
+def _mapped_file(address: int) -> str:
+    """The file mapped at ``address`` in this process ("" for anonymous memory)."""
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, *fields = line.split(maxsplit=5)
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        if lo <= address < hi:
+            return fields[4] if len(fields) > 4 and fields[4].startswith("/") else ""
+    raise AssertionError(f"{address:#x} is not mapped")
 
 
 def test_dtype_or_quantize_false_load_dense_and_a_directory_cannot_be_packed(tmp_path):

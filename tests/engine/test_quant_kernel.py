@@ -59,6 +59,32 @@ def test_kernel_matches_the_dequantised_matmul(op, kind, m, cols):
     assert y16.dtype == torch.bfloat16 and _rel(y16, ref) < 0.02
 
 
+def _rounded(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """llama.cpp's rounding of activations, in torch: per block of 32 the scale
+    max |x| / 127, the codes x / scale rounded half to even (as ``nearbyint``)."""
+    xb = x.float().reshape(x.shape[0], -1, 32)
+    d = xb.abs().amax(-1) / 127.0
+    inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+    q = torch.round(xb * inv[..., None]).clamp(-127, 127)
+    return q.to(torch.int8).reshape(x.shape), d
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("plain", [False, True], ids=["vector", "plain"])
+def test_activation_rounding_is_llama_cpps_on_both_paths(op, dtype, plain):
+    """The vector rounding (AVX2) and the plain loop give torch's numbers bit for bit,
+    ties (a code of exactly k + 1/2) and an all-zero block included."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 4864, generator=g) * torch.logspace(-3, 3, 5)[:, None]
+    x[0, :32] = 0.0
+    x[1, :32] = torch.arange(32) - 15.5  # halves; with 127 the scale is 1, so codes tie
+    x[1, 0] = 127.0
+    x = x.to(dtype)
+    q, d = torch.ops.declattn_gguf.gguf_quantize(x, plain)
+    ref_q, ref_d = _rounded(x)
+    assert torch.equal(d, ref_d) and torch.equal(q, ref_q)
+
+
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU")
 def test_kernels_run_on_the_threads_torch_is_given(op):
     """Built without OpenMP, torch's ``at::parallel_for`` runs on one thread whatever

@@ -10,6 +10,7 @@ int4 kernel's packed layout is torch's own and may change between releases).
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from collections import Counter
@@ -20,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from declattn.engine.models.config import ModelConfig
+from declattn.engine.quant.arena import WeightArena, slot_bytes
 from declattn.engine.quant.gguf_weights import QuantPolicy, quantized_layers
 from declattn.engine.quant.kernel import gguf_ops
 from declattn.engine.quant.linear import GGUFLinear, Int4Linear, Int8Linear, QuantLinear
@@ -49,6 +51,7 @@ class QuantSummary:
     packed_bytes: int
     cache_file: str
     cache_hit: bool
+    huge_pages: bool = False  # the GGUF blocks' arena asked for 2 MB pages (arena.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,7 +104,9 @@ def load_packed(
     directory: Path, gguf_path: Path, config: ModelConfig, dtype: torch.dtype, policy: QuantPolicy
 ) -> tuple[dict[str, QuantLinear], QuantSummary]:
     """The packed layers of ``gguf_path`` by ``Decoder`` module name, from the cache file
-    in ``directory`` (built first when absent). Layers have no bias yet (see ``install``)."""
+    in ``directory`` (built first when absent). Layers have no bias yet (see ``install``).
+    GGUF layers' blocks are copied into one ``WeightArena``, never left as views of the
+    file (a decode step read them up to 1.4x slower there: arena.py)."""
     from safetensors import safe_open
 
     if policy.native and gguf_ops() is None:  # no compiler, or chosen off: torch's kernels
@@ -114,12 +119,16 @@ def load_packed(
     counts: Counter[str] = Counter()
     with safe_open(str(path), framework="pt", device="cpu") as f:
         specs = json.loads((f.metadata() or {})["layers"])
+        arena = WeightArena(sum(
+            slot_bytes(math.prod(f.get_slice(f"{m}.blocks").get_shape()))
+            for m, raw in specs.items() if raw["kind"] == "gguf"
+        ))
         for module, raw in specs.items():
             s = LayerSpec(**raw)
             if s.kind == "gguf":
-                layers[module] = GGUFLinear(
-                    f.get_tensor(f"{module}.blocks"), s.group, s.in_features
-                )
+                layer = GGUFLinear(f.get_tensor(f"{module}.blocks"), s.group, s.in_features)
+                layer.blocks = arena.place(layer.blocks)  # out of the file's pages
+                layers[module] = layer
             elif s.kind == "int4":
                 layers[module] = Int4Linear(
                     f.get_tensor(f"{module}.packed"),
@@ -134,7 +143,9 @@ def load_packed(
                 )
             counts[f"{s.source}->{s.target}"] += 1
     packed = sum(m.weight_bytes for m in layers.values())
-    return layers, QuantSummary(policy.tag(), dict(sorted(counts.items())), packed, str(path), hit)
+    return layers, QuantSummary(
+        policy.tag(), dict(sorted(counts.items())), packed, str(path), hit, arena.huge_pages
+    )
 
 
 def install(model: nn.Module, layers: dict[str, QuantLinear]) -> set[str]:

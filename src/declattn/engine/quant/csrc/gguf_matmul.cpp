@@ -176,6 +176,34 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& w, int64_t type) {
   return gguf_linear_cat(x, {w}, {type});
 }
 
+// x [M, K] (fp32 or bf16) -> (codes int8 [M, K], scales fp32 [M, K / 32]): the rounding
+// every matmul call applies to its activations, for tests. ``plain``: the scalar loop
+// rather than the vector one (the same numbers, or a test fails).
+std::tuple<at::Tensor, at::Tensor> gguf_quantize(const at::Tensor& x_, bool plain) {
+  TORCH_CHECK(x_.dim() == 2 && x_.size(1) % 32 == 0, "gguf_quantize: x [M, K], K a multiple of 32");
+  const bool bf16 = x_.scalar_type() == at::kBFloat16;
+  const at::Tensor x = bf16 ? x_.contiguous() : x_.to(at::kFloat).contiguous();
+  const int64_t m = x.size(0), k = x.size(1), nab = k / 32;
+  at::Tensor q = at::empty({m, k}, x.options().dtype(at::kChar));
+  at::Tensor d = at::empty({m, nab}, x.options().dtype(at::kFloat));
+  std::vector<float> sums(nab);
+  std::vector<int32_t> isum(nab), bsum(2 * nab);
+  for (int64_t r = 0; r < m; ++r) {
+    int8_t* qr = q.data_ptr<int8_t>() + r * k;
+    float* dr = d.data_ptr<float>() + r * nab;
+    if (bf16) {
+      const at::BFloat16* xr = x.data_ptr<at::BFloat16>() + r * k;
+      plain ? quantize_row_plain(xr, k, qr, dr, sums.data(), isum.data(), bsum.data())
+            : quantize_row(xr, k, qr, dr, sums.data(), isum.data(), bsum.data());
+    } else {
+      const float* xr = x.data_ptr<float>() + r * k;
+      plain ? quantize_row_plain(xr, k, qr, dr, sums.data(), isum.data(), bsum.data())
+            : quantize_row(xr, k, qr, dr, sums.data(), isum.data(), bsum.data());
+    }
+  }
+  return {q, d};
+}
+
 // w [N, row bytes] uint8 -> fp32 [N, k], the weight as gguf-py's dequantize gives it.
 at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t k) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
@@ -264,11 +292,13 @@ TORCH_LIBRARY(declattn_gguf, m) {
   m.def("gguf_linear(Tensor x, Tensor w, int type) -> Tensor");
   m.def("gguf_linear_cat(Tensor x, Tensor[] ws, int[] types) -> Tensor");
   m.def("gguf_dequantize(Tensor w, int type, int k) -> Tensor");
+  m.def("gguf_quantize(Tensor x, bool plain) -> (Tensor, Tensor)");
   m.def("gguf_repack(Tensor w, int type) -> (Tensor, int)");
   m.def("gguf_unpack(Tensor w, int type) -> Tensor");
   m.impl("gguf_linear", c10::DispatchKey::CPU, &gguf_linear);
   m.impl("gguf_linear_cat", c10::DispatchKey::CPU, &gguf_linear_cat);
   m.impl("gguf_dequantize", c10::DispatchKey::CPU, &gguf_dequantize);
+  m.impl("gguf_quantize", c10::DispatchKey::CPU, &gguf_quantize);
   m.impl("gguf_repack", c10::DispatchKey::CPU, &gguf_repack);
   m.impl("gguf_unpack", c10::DispatchKey::CPU, &gguf_unpack);
   m.def("threads_used", &threads_used);
