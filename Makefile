@@ -19,10 +19,14 @@ VPIP   := $(VBIN)/pip install --quiet --disable-pip-version-check
 # environment: llama-cpp-python compiles llama.cpp from source, and GGML_NATIVE builds it
 # for this CPU's vector units, as a user building it here would. LLAVA_BUILD=OFF skips
 # the multimodal library the bench does not use (with it, the build took over 2 hours on
-# this busy 2-core machine). Never part of `make test`.
+# this busy 2-core machine). AMX is left out (-mno-amx-*, which override -march=native):
+# on the 2-core Sapphire Rapids guest its weight buffers made every batched eval segfault
+# (known upstream: ggml-org/llama.cpp#20824); without AMX it runs.
+# --force-reinstall: a change of flags here rebuilds it. Never part of `make test`.
 BVENV  := .venv-bench
 BBIN   := $(BVENV)/bin
 BSTAMP := $(BVENV)/.installed
+NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 
 .PHONY: demo test test-fast lint clean bench-env bench-peers
 
@@ -52,8 +56,9 @@ $(VSTAMP): pyproject.toml Makefile
 
 $(BSTAMP): Makefile
 	test -x $(BBIN)/python || $(PYTHON) -m venv $(BVENV)
-	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
-		$(BBIN)/pip install --disable-pip-version-check --no-cache-dir \
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DCMAKE_C_FLAGS='$(NO_AMX)' \
+		-DCMAKE_CXX_FLAGS='$(NO_AMX)'" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(BBIN)/pip install --disable-pip-version-check --no-cache-dir --force-reinstall \
 		'llama-cpp-python==0.3.36'
 	touch $@
 
