@@ -22,7 +22,6 @@ tensor starts on a 64-byte boundary, as the kernels' vector loads want.
 from __future__ import annotations
 
 import mmap
-import sys
 from pathlib import Path
 
 import torch
@@ -57,7 +56,7 @@ class WeightArena:
         self._map = mmap.mmap(-1, max(nbytes, 1) + HUGE_PAGE, flags=private)
         self._memory = torch.frombuffer(self._map, dtype=torch.uint8)
         start = -self._memory.data_ptr() % HUGE_PAGE
-        self.huge_pages = sys.platform == "linux" and huge_pages_offered()
+        self.huge_pages = huge_pages_offered()  # the setting exists on Linux only
         if self.huge_pages:  # before first touch: faults then take whole 2 MB pages
             self._map.madvise(mmap.MADV_HUGEPAGE, start, len(self._map) - start)
         self._next, self._end = start, start + nbytes

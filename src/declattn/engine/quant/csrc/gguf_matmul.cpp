@@ -176,6 +176,17 @@ at::Tensor gguf_linear(const at::Tensor& x, const at::Tensor& w, int64_t type) {
   return gguf_linear_cat(x, {w}, {type});
 }
 
+// Rows of x (type T) rounded to int8 as a matmul call rounds them: codes q, scales d.
+template <typename T>
+void quantize_rows(const T* x, int64_t m, int64_t k, bool plain, int8_t* q, float* d) {
+  const int64_t nab = k / 32;
+  std::vector<float> sums(nab);
+  std::vector<int32_t> isum(nab), bsum(2 * nab);
+  const auto row = plain ? quantize_row_plain<T> : quantize_row<T>;
+  for (int64_t r = 0; r < m; ++r)
+    row(x + r * k, k, q + r * k, d + r * nab, sums.data(), isum.data(), bsum.data());
+}
+
 // x [M, K] (fp32 or bf16) -> (codes int8 [M, K], scales fp32 [M, K / 32]): the rounding
 // every matmul call applies to its activations, for tests. ``plain``: the scalar loop
 // rather than the vector one (the same numbers, or a test fails).
@@ -183,24 +194,13 @@ std::tuple<at::Tensor, at::Tensor> gguf_quantize(const at::Tensor& x_, bool plai
   TORCH_CHECK(x_.dim() == 2 && x_.size(1) % 32 == 0, "gguf_quantize: x [M, K], K a multiple of 32");
   const bool bf16 = x_.scalar_type() == at::kBFloat16;
   const at::Tensor x = bf16 ? x_.contiguous() : x_.to(at::kFloat).contiguous();
-  const int64_t m = x.size(0), k = x.size(1), nab = k / 32;
+  const int64_t m = x.size(0), k = x.size(1);
   at::Tensor q = at::empty({m, k}, x.options().dtype(at::kChar));
-  at::Tensor d = at::empty({m, nab}, x.options().dtype(at::kFloat));
-  std::vector<float> sums(nab);
-  std::vector<int32_t> isum(nab), bsum(2 * nab);
-  for (int64_t r = 0; r < m; ++r) {
-    int8_t* qr = q.data_ptr<int8_t>() + r * k;
-    float* dr = d.data_ptr<float>() + r * nab;
-    if (bf16) {
-      const at::BFloat16* xr = x.data_ptr<at::BFloat16>() + r * k;
-      plain ? quantize_row_plain(xr, k, qr, dr, sums.data(), isum.data(), bsum.data())
-            : quantize_row(xr, k, qr, dr, sums.data(), isum.data(), bsum.data());
-    } else {
-      const float* xr = x.data_ptr<float>() + r * k;
-      plain ? quantize_row_plain(xr, k, qr, dr, sums.data(), isum.data(), bsum.data())
-            : quantize_row(xr, k, qr, dr, sums.data(), isum.data(), bsum.data());
-    }
-  }
+  at::Tensor d = at::empty({m, k / 32}, x.options().dtype(at::kFloat));
+  if (bf16)
+    quantize_rows(x.data_ptr<at::BFloat16>(), m, k, plain, q.data_ptr<int8_t>(), d.data_ptr<float>());
+  else
+    quantize_rows(x.data_ptr<float>(), m, k, plain, q.data_ptr<int8_t>(), d.data_ptr<float>());
   return {q, d};
 }
 
