@@ -5,9 +5,10 @@ K/V (so one layer's KV is not in cache when it is read), one decode row, a full 
 a focus-like view of 8 runs keeping 1/8 of the rows; the best of 5 passes, and the bytes
 per second that makes. bf16 queries take the AVX-512 BF16 path where the build has it,
 fp32 queries the portable path over the same pool (``--queries bf16,fp32`` times both,
-alternated in one process). Usage:
-``python scripts/decode_attn_profile.py [--rows 4000,16000] [--threads 1,2] [--queries bf16]``
-(docs/benchmarks.md quotes it).
+alternated in one process); ``--scoring machine,vdpbf16ps,fma`` times the BF16 path's
+ways of scoring keys side by side (``machine``: the one this CPU gets). Usage:
+``python scripts/decode_attn_profile.py [--rows 4000,16000] [--threads 1,2] [--queries bf16]
+[--scoring machine]`` (docs/benchmarks.md quotes it).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 import torch
 
 from declattn.engine.decode import MIN_SPLIT_ROWS
-from declattn.engine.native import decode_bf16_path, decode_op
+from declattn.engine.native import SCORINGS, decode_bf16_path, decode_op, decode_scoring
 
 LAYERS, KV_HEADS, HEADS, DIM = 24, 2, 14, 64
 
@@ -28,15 +29,20 @@ def main() -> None:
     ap.add_argument("--rows", default="4000,16000")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--queries", default="bf16", help="query dtypes: bf16, fp32 or both")
+    ap.add_argument("--scoring", default="machine", help=f"of {', '.join(SCORINGS)}")
     args = ap.parse_args()
     op = decode_op()
     if op is None:
         raise SystemExit("the decode kernel is not available (see the warning)")
-    print(f"AVX-512 BF16 path in this build: {decode_bf16_path()}")
+    print(f"AVX-512 BF16 path in this build: {decode_bf16_path()}, scoring by "
+          f"{decode_scoring() or '-'} on this CPU")
     g = torch.Generator().manual_seed(0)
     q32 = torch.randn(1, HEADS, DIM, generator=g)
     dtypes = {"bf16": torch.bfloat16, "fp32": torch.float32}
-    queries = {name: q32.to(dtypes[name]) for name in args.queries.split(",")}
+    arms = {  # (queries, scoring) by name; fp32 queries never reach the BF16 path
+        f"{q} queries" + (f", {sc}" if q == "bf16" else ""): (q32.to(dtypes[q]), SCORINGS[sc])
+        for q in args.queries.split(",") for sc in args.scoring.split(",")
+    }
     for rows in (int(r) for r in args.rows.split(",")):
         shape = (KV_HEADS, rows, DIM)
         ks = [torch.randn(shape, generator=g).bfloat16() for _ in range(LAYERS)]
@@ -49,17 +55,17 @@ def main() -> None:
             torch.set_num_threads(threads)
             for name, runs in views.items():
                 offsets = torch.tensor([0, runs.shape[0]])
-                best = dict.fromkeys(queries, float("inf"))
+                best = dict.fromkeys(arms, float("inf"))
                 for _ in range(6):  # the first pass warms up
-                    for qname, q in queries.items():
+                    for arm, (q, scoring) in arms.items():
                         t0 = time.perf_counter()
                         for k, v in zip(ks, vs, strict=True):
-                            op(q, k, v, runs, offsets, DIM**-0.5, MIN_SPLIT_ROWS)
-                        best[qname] = min(best[qname], time.perf_counter() - t0)
+                            op(q, k, v, runs, offsets, DIM**-0.5, MIN_SPLIT_ROWS, scoring)
+                        best[arm] = min(best[arm], time.perf_counter() - t0)
                 kept = int((runs[:, 1] - runs[:, 0]).sum())
                 nbytes = kept * KV_HEADS * DIM * 2 * 2 * LAYERS
-                for qname, t in best.items():
-                    print(f"{rows:>6} rows {name:>5} {qname} queries {threads} thread(s): "
+                for arm, t in best.items():
+                    print(f"{rows:>6} rows {name:>5} {arm}, {threads} thread(s): "
                           f"{t / LAYERS * 1e6:7.1f} us per layer, {nbytes / t / 1e9:5.2f} GB/s")
 
 

@@ -93,6 +93,37 @@ def test_a_cpu_with_avx512_bf16_gets_the_bf16_path(op) -> None:
     32/64/128/256 where the CPU has it: a build that silently lost it would still pass
     them on the portable path."""
     assert native.decode_bf16_path() == ("avx512_bf16" in native._cpu_flags().split())
+    assert native.decode_scoring() in (("vdpbf16ps", "fma") if native.decode_bf16_path() else ("",))
+
+
+@pytest.mark.parametrize(("n_heads", "n_kv", "dim"), [(14, 2, 64), (4, 1, 32), (8, 2, 128),
+                                                   (4, 1, 256), (16, 1, 64)])
+def test_both_ways_of_scoring_match_gather_softmax(op, n_heads, n_kv, dim) -> None:
+    """The BF16 path scores keys by ``vdpbf16ps`` or by fp32 FMAs (the CPU picks; the op's
+    ``scoring`` forces one): each matches the reference over a random view, and the
+    machine's choice is one of them, bit for bit. On a CPU without the path all three are
+    the portable path."""
+    rng = random.Random(dim)
+    gen = torch.Generator().manual_seed(dim)
+    kp = torch.randn(n_kv, 64 * BLOCK, dim, generator=gen).bfloat16()
+    vp = torch.randn(n_kv, 64 * BLOCK, dim, generator=gen).bfloat16()
+    plan = random_plan(rng, 40, 64, 40 * BLOCK - 5)
+    q = torch.randn(1, n_heads, dim, generator=gen).bfloat16()
+    batch = RunBatch.of([plan])
+    got = {name: op(q, kp, vp, batch.runs, batch.offsets, dim**-0.5, 1, code)
+           for name, code in native.SCORINGS.items()}
+    ref = gather_softmax(kp, vp, q[0], plan.rows.tolist(), dim**-0.5)
+    for name, out in got.items():
+        assert (out[0].double() - ref).abs().max() < ROUNDING[torch.bfloat16], name
+    mine = native.decode_scoring() or "fma"
+    assert torch.equal(got["machine"], got[mine])
+
+
+def test_an_unknown_scoring_is_refused(op) -> None:
+    kp = torch.zeros(1, 16, 64, dtype=torch.bfloat16)
+    q = torch.zeros(1, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="scoring must be 0, 1 or 2"):
+        op(q, kp, kp, torch.tensor([[0, 16]]), torch.tensor([0, 1]), 1.0, 1, 3)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -56,7 +56,8 @@ CFLAGS_NO_OPENMP = tuple(flag for flag in CFLAGS if flag != OPENMP)
 runs on one thread is still far faster than the torch fallback."""
 ENV_SWITCH = "DECLATTN_DECODE_KERNEL"
 
-DecodeOp = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor, float, int], Tensor]
+DecodeOp = Callable[..., Tensor]
+"""``(q, kp, vp, runs, offsets, scale, min_split_rows, scoring=0) -> out``."""
 
 
 class KernelBuildError(RuntimeError):
@@ -226,3 +227,15 @@ def decode_bf16_path() -> bool:
     AVX-512 BF16 path (``csrc/decode_attn_avx512.h``: 2x the portable path's speed on a
     Zen 5 core); ``False`` where the CPU or compiler lacks it, or there is no kernel."""
     return decode_op() is not None and bool(torch.ops.declattn.decode_bf16_path())
+
+
+SCORINGS = {"machine": 0, "vdpbf16ps": 1, "fma": 2}
+"""The kernel's ``scoring`` argument: how its AVX-512 BF16 path scores keys (the CPU's
+choice by default; the others for tests and ``scripts/decode_attn_profile.py``)."""
+
+
+def decode_scoring() -> str:
+    """How the AVX-512 BF16 path scores keys on this CPU, ``vdpbf16ps`` (AMD) or ``fma``
+    (Intel, where a 512-bit ``vdpbf16ps`` is slower than two fp32 FMAs); ``""`` where
+    there is no such path."""
+    return str(torch.ops.declattn.decode_scoring()) if decode_bf16_path() else ""

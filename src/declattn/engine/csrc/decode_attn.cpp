@@ -17,7 +17,7 @@
 //   head_dim a multiple of 8; AVX2+FMA, AVX-512 or NEON code by the machine;
 // - decode_attn_avx512.h: bf16 queries over a bf16 pool (the engine's default on a CPU),
 //   head_dim 32/64/128/256, where the CPU has AVX-512 BF16: keys transposed per tile and
-//   scored with vdpbf16ps, rows read ahead by software prefetch.
+//   scored with vdpbf16ps (AMD) or fp32 FMAs (Intel), rows read ahead by software prefetch.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -114,9 +115,10 @@ constexpr bool kBf16Path = false;
 
 // qp: the scaled queries, fp32 [B, Hkv, G, D]; outp: fp32 [B, Hkv, G, D]. ``qb``: the
 // same queries unscaled as bf16 pairs where the bf16 path takes them (else null).
+// ``dot``: the bf16 path scores by vdpbf16ps rather than fp32 FMAs.
 template <typename T>
-void run_kernel(const float* qp, const uint32_t* qb, float scale, int64_t batch, int group,
-                const at::Tensor& kp, const at::Tensor& vp, const at::Tensor& runs,
+void run_kernel(const float* qp, const uint32_t* qb, bool dot, float scale, int64_t batch,
+                int group, const at::Tensor& kp, const at::Tensor& vp, const at::Tensor& runs,
                 const at::Tensor& offsets, float* outp, int64_t min_split_rows) {
   const int64_t n_kv = kp.size(0);
   const int dim = static_cast<int>(kp.size(2));
@@ -179,9 +181,10 @@ void run_kernel(const float* qp, const uint32_t* qb, float scale, int64_t batch,
       if constexpr (std::is_same_v<T, at::BFloat16>) {
         if (qb != nullptr) {
           auto call = [&](auto c) {
-            attend_rows_bf16<decltype(c)::value>(qb + q0 / 2, scale, group, kb + head,
-                                                 vb + head, rp + 2 * r0, ends.data() + r0,
-                                                 op[it.b + 1] - r0, it.lo, it.hi, a, m, l);
+            auto attend = dot ? attend_rows_bf16<decltype(c)::value, true>
+                              : attend_rows_bf16<decltype(c)::value, false>;
+            attend(qb + q0 / 2, scale, group, kb + head, vb + head, rp + 2 * r0,
+                   ends.data() + r0, op[it.b + 1] - r0, it.lo, it.hi, a, m, l);
           };
           switch (dim) {
             case 32: call(Int<1>{}); continue;
@@ -266,12 +269,17 @@ void from_float(const float* src, at::Tensor& t) {
 
 }  // namespace
 
+// How the bf16 path scores: the CPU's choice (dot_scores), or one forced, so that a test
+// runs both on any CPU that has the path.
+enum Scoring : int64_t { kMachine = 0, kDot = 1, kFma = 2 };
+
 // q [B, H, D] in the model's dtype; kp, vp [Hkv, rows, D]; runs [N, 2] int64 pool row
 // ranges, row b reading runs[offsets[b] : offsets[b + 1]]. Returns softmax(scale * q k) v
-// as [B, H, D] in q's dtype, accumulated in fp32.
+// as [B, H, D] in q's dtype, accumulated in fp32. ``scoring``: see Scoring.
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kp, const at::Tensor& vp,
                             const at::Tensor& runs, const at::Tensor& offsets, double scale,
-                            int64_t min_split_rows) {
+                            int64_t min_split_rows, int64_t scoring) {
+  TORCH_CHECK(scoring >= kMachine && scoring <= kFma, "scoring must be 0, 1 or 2");
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be a contiguous [B, H, D]");
   TORCH_CHECK(kp.dim() == 3 && kp.is_contiguous() && vp.is_contiguous(),
               "pools must be contiguous [Hkv, rows, D]");
@@ -298,17 +306,21 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kp, const at:
   const bool bf16 = kBf16Path && q.scalar_type() == at::kBFloat16 &&
                     kp.scalar_type() == at::kBFloat16;
   const uint32_t* qb = bf16 ? reinterpret_cast<const uint32_t*>(q.data_ptr()) : nullptr;
+  bool dot = scoring == kDot;
+#if defined(__AVX512BF16__)
+  if (scoring == kMachine) dot = dot_scores();
+#endif
   switch (kp.scalar_type()) {
     case at::kBFloat16:
-      run_kernel<at::BFloat16>(qf.data(), qb, sc, batch, g, kp, vp, runs, offsets, of.data(),
+      run_kernel<at::BFloat16>(qf.data(), qb, dot, sc, batch, g, kp, vp, runs, offsets, of.data(),
                                min_split_rows);
       break;
     case at::kFloat:
-      run_kernel<float>(qf.data(), nullptr, sc, batch, g, kp, vp, runs, offsets, of.data(),
+      run_kernel<float>(qf.data(), nullptr, false, sc, batch, g, kp, vp, runs, offsets, of.data(),
                         min_split_rows);
       break;
     case at::kHalf:
-      run_kernel<at::Half>(qf.data(), nullptr, sc, batch, g, kp, vp, runs, offsets, of.data(),
+      run_kernel<at::Half>(qf.data(), nullptr, false, sc, batch, g, kp, vp, runs, offsets, of.data(),
                            min_split_rows);
       break;
     default:
@@ -323,13 +335,24 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kp, const at:
 // a CPU that has it to a build that uses it.
 bool decode_bf16_path() { return kBf16Path; }
 
+// How the bf16 path scores on this CPU: "vdpbf16ps", "fma", or "" where there is no such
+// path (benchmarks record it).
+std::string decode_scoring() {
+#if defined(__AVX512BF16__)
+  return dot_scores() ? "vdpbf16ps" : "fma";
+#else
+  return "";
+#endif
+}
+
 #ifndef DECLATTN_OP_NAMESPACE
 #define DECLATTN_OP_NAMESPACE declattn
 #endif
 
 TORCH_LIBRARY(DECLATTN_OP_NAMESPACE, m) {
   m.def("decode_attention(Tensor q, Tensor kp, Tensor vp, Tensor runs, Tensor offsets, "
-        "float scale, int min_split_rows) -> Tensor");
+        "float scale, int min_split_rows, int scoring=0) -> Tensor");
   m.impl("decode_attention", c10::DispatchKey::CPU, &decode_attention);
   m.def("decode_bf16_path() -> bool", &decode_bf16_path);
+  m.def("decode_scoring() -> str", &decode_scoring);
 }

@@ -5,11 +5,16 @@
 // Why its own path: the portable path scores with fp32 FMAs over rows in lanes' order
 // (dims across lanes), so every score ends in a sum across lanes, and a bf16 key is
 // widened per use. Here a tile's keys are transposed once, so that a vector's 16 lanes
-// are 16 rows and each 32-bit lane holds a pair of dims; then ``vdpbf16ps`` scores 16
-// rows for one head and one pair of dims per instruction against the query's pair
-// broadcast: no sums across lanes, half the multiply instructions of fp32 FMAs, and the
-// tile's transpose is shared by every query head of its KV head. The values stay fp32
-// FMAs (the softmax weights are not rounded to bf16), 16 dims a vector.
+// are 16 rows and each 32-bit lane holds a pair of dims, shared by every query head of
+// its KV head; then no score needs a sum across lanes. Two ways to score them (``Dot``):
+// - ``vdpbf16ps``: one instruction per pair of dims and head against the query's pair,
+//   half the multiplies of fp32 FMAs. The fast way on Zen 4 and 5.
+// - fp32 FMAs: each pair split into its two dims as fp32 by a shift and a mask (exact),
+//   then two FMAs. On the Sapphire Rapids-class Xeon a 512-bit ``vdpbf16ps`` issues once
+//   per 2.4 cycles against 1.5 FMAs per cycle (measured), so two FMAs are the cheaper
+//   way there: a 16K-row layer took 24% less time (docs/benchmarks.md).
+// ``dot_scores()`` picks by vendor. The values are fp32 FMAs either way (the softmax
+// weights are not rounded to bf16), straight from the bf16 rows split the same way.
 //
 // Exactness: bf16 x bf16 products are exact in fp32; the sums are fp32, in another
 // order than the portable path's, and ``vdpbf16ps`` treats denormal inputs as zero.
@@ -40,10 +45,10 @@ inline __m512 exp16(__m512 x) {
   return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
-// Sixteen bf16 -> fp32.
-inline __m512 widen16(const at::BFloat16* p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(
-      _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+// The two bf16 of each 32-bit lane as fp32: the even dims (low halves), the odd dims.
+inline __m512 even_dims(__m512i pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); }
+inline __m512 odd_dims(__m512i pairs) {
+  return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 
 // The keys of R = 16 / C rows, C = dim / 32 vectors of 32 dims each, read in memory order
@@ -90,46 +95,114 @@ inline void lay_queries(const uint32_t* qb, int group, __m512i* qv) {
     }
 }
 
-// s[g * kTile + i] = scale * q[g] . k[i] for the R rows of ``kt`` and GB heads: 16
-// ``vdpbf16ps`` per head, then the C lanes of each row summed and packed to the front.
-template <int C, int GB>
-inline void score_rows(const __m512i* kt, const __m512i* qv, float scale, float* s) {
+// The queries for fp32 scoring: qs[((g * 16 + j) * 2 + h) * C + c] is the even (h = 0)
+// or odd (h = 1) dim of pair 16 c + j of head g, exact in fp32.
+template <int C>
+inline void lay_queries_f32(const uint32_t* qb, int group, float* qs) {
+  for (int g = 0; g < group; ++g)
+    for (int j = 0; j < 16; ++j)
+      for (int c = 0; c < C; ++c) {
+        const uint32_t pair = qb[g * 16 * C + 16 * c + j];
+        const uint32_t dims[2] = {pair << 16, pair & 0xFFFF0000u};
+        for (int h = 0; h < 2; ++h) std::memcpy(qs + ((g * 16 + j) * 2 + h) * C + c, dims + h, 4);
+      }
+}
+
+// C floats repeated across the 16 lanes (lane i * C + c gets p[c]): one broadcast load.
+template <int C>
+inline __m512 repeat(const float* p) {
+  if constexpr (C == 1) return _mm512_set1_ps(*p);
+  if constexpr (C == 2) {
+    double d;
+    std::memcpy(&d, p, sizeof d);
+    return _mm512_castpd_ps(_mm512_set1_pd(d));
+  }
+  if constexpr (C == 4) return _mm512_broadcast_f32x4(_mm_loadu_ps(p));
+  if constexpr (C == 8) return _mm512_broadcast_f32x8(_mm256_loadu_ps(p));
+}
+
+// The R scores of one head from its 16 lanes of partial sums: the C lanes of each row
+// summed, packed to the front, scaled, stored at s.
+template <int C>
+inline void store_scores(__m512 acc, float scale, float* s) {
   constexpr int R = 16 / C;
   alignas(64) static constexpr int kPack[16] = {0 * C % 16, 1 * C % 16, 2 * C % 16,
       3 * C % 16, 4 * C % 16, 5 * C % 16, 6 * C % 16, 7 * C % 16, 8 * C % 16, 9 * C % 16,
       10 * C % 16, 11 * C % 16, 12 * C % 16, 13 * C % 16, 14 * C % 16, 15 * C % 16};
-  const __m512i pack = _mm512_load_si512(kPack);
-  const __m512 sc = _mm512_set1_ps(scale);
+  if constexpr (C >= 2) acc = _mm512_add_ps(acc, _mm512_permute_ps(acc, 0xB1));
+  if constexpr (C >= 4) acc = _mm512_add_ps(acc, _mm512_permute_ps(acc, 0x4E));
+  if constexpr (C >= 8) acc = _mm512_add_ps(acc, _mm512_shuffle_f32x4(acc, acc, 0xB1));
+  if constexpr (C >= 2) acc = _mm512_permutexvar_ps(_mm512_load_si512(kPack), acc);
+  _mm512_mask_storeu_ps(s, static_cast<__mmask16>((1u << R) - 1),
+                        _mm512_mul_ps(acc, _mm512_set1_ps(scale)));
+}
+
+// s[g * kTile + i] = scale * q[g] . k[i] for the R rows of ``kt`` and GB heads, by 16
+// ``vdpbf16ps`` per head against the query pairs ``qv``.
+template <int C, int GB>
+inline void score_rows_dot(const __m512i* kt, const __m512i* qv, float scale, float* s) {
   for (int g = 0; g < GB; ++g) {
     __m512 acc = _mm512_setzero_ps();
     for (int j = 0; j < 16; ++j) acc = _mm512_dpbf16_ps(acc, (__m512bh)kt[j], (__m512bh)qv[g * 16 + j]);
-    if constexpr (C >= 2) acc = _mm512_add_ps(acc, _mm512_permute_ps(acc, 0xB1));
-    if constexpr (C >= 4) acc = _mm512_add_ps(acc, _mm512_permute_ps(acc, 0x4E));
-    if constexpr (C >= 8) acc = _mm512_add_ps(acc, _mm512_shuffle_f32x4(acc, acc, 0xB1));
-    if constexpr (C >= 2) acc = _mm512_permutexvar_ps(pack, acc);
-    _mm512_mask_storeu_ps(s + g * kTile, static_cast<__mmask16>((1u << R) - 1),
-                          _mm512_mul_ps(acc, sc));
+    store_scores<C>(acc, scale, s + g * kTile);
   }
 }
 
-// acc[g][d0 : d0 + 32] += sum_t p[g][t] v[t][d0 : d0 + 32] for GB heads over n rows of
-// fp32 values ``vt`` (``dim`` apart).
+// The same scores by fp32 FMAs against the query dims ``qs``: each pair split once for
+// every head, half of them at a time (16 vectors), two chains per head (the even dims'
+// and the odd dims': one chain of 32 dependent FMAs measured 10% slower).
+template <int C, int GB>
+inline void score_rows_fma(const __m512i* kt, const float* qs, float scale, float* s) {
+  __m512 even[GB], odd[GB];
+  for (int g = 0; g < GB; ++g) even[g] = odd[g] = _mm512_setzero_ps();
+  for (int half = 0; half < 16; half += 8) {
+    __m512 ke[8], ko[8];
+    for (int j = 0; j < 8; ++j) {
+      ke[j] = even_dims(kt[half + j]);
+      ko[j] = odd_dims(kt[half + j]);
+    }
+    for (int g = 0; g < GB; ++g)
+      for (int j = 0; j < 8; ++j) {
+        const float* q = qs + (g * 16 + half + j) * 2 * C;
+        even[g] = _mm512_fmadd_ps(ke[j], repeat<C>(q), even[g]);
+        odd[g] = _mm512_fmadd_ps(ko[j], repeat<C>(q + C), odd[g]);
+      }
+  }
+  for (int g = 0; g < GB; ++g) store_scores<C>(_mm512_add_ps(even[g], odd[g]), scale, s + g * kTile);
+}
+
+// acc[g][d0 : d0 + 32] += sum_t p[g][t] v[t][d0 : d0 + 32] for GB heads over n bf16 rows,
+// each 32-bit pair split into its dims (a shift and a mask, no shuffle): acc's 32 floats
+// at d0 hold the 16 even dims, then the 16 odd ones (``interleave`` puts them in order).
 template <int GB>
-inline void values16(const float* s, int n, const float* vt, int d0, int dim, float* acc) {
+inline void values_rows(const float* s, int n, const at::BFloat16* const* vrows, int d0,
+                        int dim, float* acc) {
   __m512 a[GB][2];
   for (int g = 0; g < GB; ++g)
     for (int j = 0; j < 2; ++j) a[g][j] = _mm512_loadu_ps(acc + g * dim + d0 + 16 * j);
   for (int t = 0; t < n; ++t) {
-    const __m512 v0 = _mm512_loadu_ps(vt + t * dim + d0);
-    const __m512 v1 = _mm512_loadu_ps(vt + t * dim + d0 + 16);
+    const __m512i pairs = _mm512_loadu_si512(vrows[t] + d0);
+    const __m512 ve = even_dims(pairs), vo = odd_dims(pairs);
     for (int g = 0; g < GB; ++g) {
       const __m512 w = _mm512_set1_ps(s[g * kTile + t]);
-      a[g][0] = _mm512_fmadd_ps(w, v0, a[g][0]);
-      a[g][1] = _mm512_fmadd_ps(w, v1, a[g][1]);
+      a[g][0] = _mm512_fmadd_ps(w, ve, a[g][0]);
+      a[g][1] = _mm512_fmadd_ps(w, vo, a[g][1]);
     }
   }
   for (int g = 0; g < GB; ++g)
     for (int j = 0; j < 2; ++j) _mm512_storeu_ps(acc + g * dim + d0 + 16 * j, a[g][j]);
+}
+
+// Every 32 floats of ``acc`` (n of them) from even dims then odd dims back to dim order.
+inline void interleave(float* acc, int n) {
+  alignas(64) static constexpr int kLo[16] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+  alignas(64) static constexpr int kHi[16] = {8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i lo = _mm512_load_si512(kLo), hi = _mm512_load_si512(kHi);
+  for (int i = 0; i < n; i += 32) {
+    const __m512 e = _mm512_loadu_ps(acc + i), o = _mm512_loadu_ps(acc + i + 16);
+    _mm512_storeu_ps(acc + i, _mm512_permutex2var_ps(e, lo, o));
+    _mm512_storeu_ps(acc + i + 16, _mm512_permutex2var_ps(e, hi, o));
+  }
 }
 
 // The online softmax of one tile's scores for every head (n of kTile rows kept; the
@@ -166,9 +239,10 @@ inline void softmax16(float* s, int group, int n, int dim, float* acc, float* m,
 // the portable path, bound by its arithmetic, it changed nothing).
 constexpr int kAhead = 16;
 
-// attend_rows for bf16 q (``qb``, unscaled, as bf16 pairs) over bf16 pools, dim 32 C:
-// the same work item, the same outputs (acc, m, l).
-template <int C>
+// attend_rows for bf16 q (``qb``, unscaled, as bf16 pairs) over bf16 pools, dim 32 C,
+// scored by ``vdpbf16ps`` (Dot) or fp32 FMAs: the same work item, the same outputs
+// (acc, m, l).
+template <int C, bool Dot>
 void attend_rows_bf16(const uint32_t* qb, float scale, int group, const at::BFloat16* kbase,
                       const at::BFloat16* vbase, const int64_t* runs, const int64_t* ends,
                       int64_t n_runs, int64_t lo, int64_t hi, float* acc, float* m, float* l) {
@@ -178,10 +252,11 @@ void attend_rows_bf16(const uint32_t* qb, float scale, int group, const at::BFlo
   std::fill(m, m + group, -std::numeric_limits<float>::infinity());
   std::fill(l, l + group, 0.0f);
   alignas(64) float s[16 * kTile];
-  alignas(64) float vt[kTile * dim];
   alignas(64) __m512i kt[16];
-  std::vector<__m512i> qv(static_cast<size_t>(group) * 16);
-  lay_queries<C>(qb, group, qv.data());
+  std::vector<__m512i> qv(Dot ? static_cast<size_t>(group) * 16 : 0);
+  std::vector<float> qs(Dot ? 0 : static_cast<size_t>(group) * 32 * C);
+  if constexpr (Dot) lay_queries<C>(qb, group, qv.data());
+  else lay_queries_f32<C>(qb, group, qs.data());
   const at::BFloat16* krows[kTile];
   const at::BFloat16* vrows[kTile];
   RowWalk<at::BFloat16> walk(runs, ends, n_runs, lo);
@@ -193,16 +268,24 @@ void attend_rows_bf16(const uint32_t* qb, float scale, int group, const at::BFlo
       transpose_rows<C>(krows + t0, kt);
       head_blocks(group, [&](auto gb, int g0) {
         constexpr int GB = decltype(gb)::value;
-        score_rows<C, GB>(kt, qv.data() + g0 * 16, scale, s + g0 * kTile + t0);
+        if constexpr (Dot) score_rows_dot<C, GB>(kt, qv.data() + g0 * 16, scale, s + g0 * kTile + t0);
+        else score_rows_fma<C, GB>(kt, qs.data() + g0 * 32 * C, scale, s + g0 * kTile + t0);
       });
     }
     softmax16(s, group, n, dim, acc, m, l);
-    // The tile's values, widened to fp32 once, in row order: every head reads them from L1.
-    for (int t = 0; t < n; ++t)
-      for (int d = 0; d < dim; d += 16) _mm512_store_ps(vt + t * dim + d, widen16(vrows[t] + d));
     head_blocks(group, [&](auto gb, int g0) {
       constexpr int GB = decltype(gb)::value;
-      for (int d0 = 0; d0 < dim; d0 += 32) values16<GB>(s + g0 * kTile, n, vt, d0, dim, acc + g0 * dim);
+      for (int d0 = 0; d0 < dim; d0 += 32) values_rows<GB>(s + g0 * kTile, n, vrows, d0, dim, acc + g0 * dim);
     });
   }
+  interleave(acc, group * dim);
+}
+
+// Whether this CPU scores by ``vdpbf16ps`` rather than by fp32 FMAs: on AMD, where the
+// dot path was measured (515 us per 16K-row layer on a Zen 5 core; the FMA path has not
+// run on one); not on Intel, where a 512-bit ``vdpbf16ps`` issues once per 2.4 cycles
+// (measured on a Sapphire Rapids-class Xeon).
+inline bool dot_scores() {
+  static const bool amd = __builtin_cpu_is("amd");
+  return amd;
 }
