@@ -11,8 +11,8 @@
 //   half the multiplies of fp32 FMAs. The fast way on Zen 4 and 5.
 // - fp32 FMAs: each pair split into its two dims as fp32 by a shift and a mask (exact),
 //   then two FMAs. On the Sapphire Rapids-class Xeon a 512-bit ``vdpbf16ps`` issues once
-//   per 2.4 cycles against 1.5 FMAs per cycle (measured), so two FMAs are the cheaper
-//   way there: a 16K-row layer took 24% less time (docs/benchmarks.md).
+//   in the time of ~4 FMAs (scripts/avx512_issue_rates.cpp), so two FMAs are the cheaper
+//   way there: a 16K-row layer took 20-25% less time (docs/benchmarks.md).
 // ``dot_scores()`` picks by vendor. The values are fp32 FMAs either way (the softmax
 // weights are not rounded to bf16), straight from the bf16 rows split the same way.
 //
@@ -283,8 +283,8 @@ void attend_rows_bf16(const uint32_t* qb, float scale, int group, const at::BFlo
 
 // Whether this CPU scores by ``vdpbf16ps`` rather than by fp32 FMAs: on AMD, where the
 // dot path was measured (515 us per 16K-row layer on a Zen 5 core; the FMA path has not
-// run on one); not on Intel, where a 512-bit ``vdpbf16ps`` issues once per 2.4 cycles
-// (measured on a Sapphire Rapids-class Xeon).
+// run on one); not on Intel, where a 512-bit ``vdpbf16ps`` issues once in the time of
+// ~4 FMAs (measured on a Sapphire Rapids-class Xeon).
 inline bool dot_scores() {
   static const bool amd = __builtin_cpu_is("amd");
   return amd;
