@@ -8,7 +8,7 @@
 // are 16 rows and each 32-bit lane holds a pair of dims, shared by every query head of
 // its KV head; then no score needs a sum across lanes. Two ways to score them (``Dot``):
 // - ``vdpbf16ps``: one instruction per pair of dims and head against the query's pair,
-//   half the multiplies of fp32 FMAs. The fast way on Zen 4 and 5.
+//   half the multiplies of fp32 FMAs. The fast way on Zen 5 (measured; Zen 4 not).
 // - fp32 FMAs: each pair split into its two dims as fp32 by a shift and a mask (exact),
 //   then two FMAs. On the Sapphire Rapids-class Xeon a 512-bit ``vdpbf16ps`` issues once
 //   in the time of ~4 FMAs (scripts/avx512_issue_rates.cpp), so two FMAs are the cheaper
