@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from declattn.engine import native
 from declattn.engine.kv import KVCache, KVConfig, PoolExhausted
 
 
@@ -166,3 +167,41 @@ def test_slots_follow_the_block_table_and_write_stores_rows() -> None:
     assert torch.equal(cache.k[1][:, 8, :], k[2])
     assert torch.equal(cache.v[1][:, 3, :], v[1])
     assert torch.count_nonzero(cache.k[0]) == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_consecutive_rows_stored_natively_equal_the_torch_copy(dtype) -> None:
+    """``write`` of a slice goes through ``store_rows`` (kv_store.cpp) on CPU; the pools
+    must hold what the torch copy stores, the rows of a strided ``v`` (a view of a
+    merged projection's output, as the layer runner passes it) included."""
+    if native.store_op() is None:
+        pytest.skip("no C++ compiler")
+    caches = {}
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(3, 2, 8, generator=g).to(dtype)
+    v = torch.randn(3, 40, generator=g).to(dtype)[:, 8:24].view(3, 2, 8)  # strided rows
+    for way in ("native", "torch"):
+        cache = caches[way] = KVCache(KVConfig(2, 2, 8, 8, 4, dtype=dtype))
+        if way == "torch":
+            cache._store = None
+        cache.write(1, slice(5, 8), k, v)
+    assert caches["native"]._store is not None
+    for pools in ("k", "v"):
+        native_pool, torch_pool = getattr(caches["native"], pools), getattr(caches["torch"], pools)
+        assert all(torch.equal(a, b) for a, b in zip(native_pool, torch_pool, strict=True))
+    assert torch.equal(caches["native"].v[1][:, 5:8].transpose(0, 1), v)
+
+
+def test_store_rows_refuses_what_does_not_fit_its_pool() -> None:
+    op = native.store_op()
+    if op is None:
+        pytest.skip("no C++ compiler")
+    kp, vp = torch.zeros(2, 8, 4), torch.zeros(2, 8, 4)
+    k = torch.ones(3, 2, 4)
+    with pytest.raises(RuntimeError, match=r"rows \[6, 9\) outside the pool's 8"):
+        op(kp, vp, k, k, 6)
+    with pytest.raises(RuntimeError, match="differs from its pool in dtype"):
+        op(kp, vp, k.bfloat16(), k, 0)
+    with pytest.raises(RuntimeError, match=r"must be \[T, Hkv, D\]"):
+        op(kp, vp, torch.ones(3, 1, 4), k, 0)
+    assert torch.count_nonzero(kp) == 0 and torch.count_nonzero(vp) == 0  # nothing written

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from declattn.engine.blocks import BlockAllocator, PoolExhausted
+from declattn.engine.native import store_op
 
 __all__ = [
     "KVCache", "KVConfig", "PoolExhausted", "PoolStats", "SequenceKeys", "inverse_table"
@@ -105,6 +106,8 @@ class KVCache:
             torch.zeros(shape, dtype=config.dtype, device=config.device)
             for _ in range(config.n_layers)
         ]
+        # consecutive new rows of a CPU pool are stored in one native call (kv_store.cpp)
+        self._store = store_op() if torch.device(config.device).type == "cpu" else None
         self.blocks = BlockAllocator(config.num_blocks, caching=prefix_caching)
         self._tables: dict[int, list[int]] = {}
         self._arrays: dict[int, np.ndarray] = {}
@@ -237,6 +240,9 @@ class KVCache:
         """Store ``k``/``v`` (``[T, n_kv_heads, head_dim]``) at pool rows ``slots`` (an
         index tensor, or a slice for consecutive rows: a plain copy)."""
         if isinstance(slots, slice):
+            if self._store is not None and k.dtype == v.dtype == self.config.dtype:
+                self._store(self.k[layer], self.v[layer], k, v, slots.start)
+                return
             self.k[layer][:, slots].copy_(k.transpose(0, 1))
             self.v[layer][:, slots].copy_(v.transpose(0, 1))
             return

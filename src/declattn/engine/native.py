@@ -43,6 +43,7 @@ from torch import Tensor
 from declattn.engine.paths import cache_root
 
 SOURCE = Path(__file__).with_name("csrc") / "decode_attn.cpp"
+STORE_SOURCE = Path(__file__).with_name("csrc") / "kv_store.cpp"
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=fast", "-fopenmp", "-std=c++17", "-fPIC",
           "-shared")
 """``-fopenmp``: torch's ``at::parallel_for`` is a header template that runs on several
@@ -219,6 +220,20 @@ def decode_op() -> DecodeOp | None:
         lambda: torch.ops.declattn.decode_attention,
         ENV_SWITCH,
         "decode attention runs on torch ops, several times slower",
+    )
+
+
+@functools.cache
+def store_op() -> Callable[..., None] | None:
+    """``torch.ops.declattn_kv.store_rows(kp, vp, k, v, row)`` (``csrc/kv_store.cpp``: a
+    step's new keys and values into a layer's pools in one call), built on first use;
+    ``None`` (after one warning) when it cannot be had, or when
+    ``DECLATTN_DECODE_KERNEL=torch`` (the switch of the decode path it serves)."""
+    return load_op(
+        STORE_SOURCE,
+        lambda: torch.ops.declattn_kv.store_rows,
+        ENV_SWITCH,
+        "new keys and values are stored by torch copies (about 1 ms more per decode step)",
     )
 
 

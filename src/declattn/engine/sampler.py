@@ -50,7 +50,7 @@ def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | 
     """Pick one token from a ``[vocab]`` row of logits."""
     logits = logits.float()
     if params.temperature < GREEDY_BELOW:
-        return int(torch.argmax(logits))
+        return greedy(logits)
     logits = logits / params.temperature
     if params.top_k and params.top_k < logits.numel():
         kth = torch.topk(logits, params.top_k).values[-1]
@@ -59,6 +59,19 @@ def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | 
     if params.top_p < 1.0:
         probs = _top_p(probs, params.top_p)
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def greedy(logits: Tensor) -> int:
+    """The index of the largest logit, the first where several tie (a NaN counts as the
+    largest, as in ``torch.argmax``).
+
+    Why numpy on CPU: torch's CPU argmax is a scalar loop, 418 us over qwen2.5's 151,936
+    logits on a Xeon KVM guest, where numpy's vectorised one takes 15 us (2026-12-03):
+    0.4 ms of every greedy decode step. The two agree on ties, NaN and -inf
+    (``tests/engine/test_sampler.py``)."""
+    if logits.device.type == "cpu":
+        return int(logits.detach().numpy().argmax())
+    return int(torch.argmax(logits))
 
 
 def _top_p(probs: Tensor, top_p: float) -> Tensor:

@@ -3,11 +3,12 @@
 Why: a decode step of qwen2.5-0.5b is ~25 ms of kernels on two threads, and the module
 tree around them cost ~5 ms more: per layer about 180 Python calls (module ``__call__``,
 attribute lookups through ``nn.Module.__getattr__``, the fused ops' applicability checks,
-the merged layers' lists of blocks built afresh). Here everything a layer needs is looked
-up once, at load, and a step makes only the calls that compute: per layer two norms, two
-merged projections and two single ones, two rotations, the residual adds, and the
-``AttentionFn`` (which keeps storing keys and values, choosing what is read, and counting
-it, exactly as before).
+the merged layers' lists of blocks built afresh), and even made flat, ~20 op calls of a
+few microseconds each. Here everything a layer needs is looked up once, at load, and a
+step makes three calls per layer: ``before_attention`` and ``after_attention``
+(``quant/csrc/decode_layer.cpp``: the norms, the merged projections, RoPE, the residual
+adds and the activation, op by op in native code) around the ``AttentionFn`` (which keeps
+storing keys and values, choosing what is read, and counting it, exactly as before).
 
 The arithmetic is the modules' own, op for op in the same dtypes, so the result equals the
 module path bit for bit (``tests/engine/test_quant_decode_layers.py``). It runs only where
@@ -18,38 +19,23 @@ anything else it returns ``None`` and the modules run.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from declattn.engine.attention_api import AttentionFn
 from declattn.engine.models.decoder import Decoder, DecoderLayer
-from declattn.engine.models.fused import DTYPES, layer_ops
+from declattn.engine.models.fused import DTYPES
 from declattn.engine.models.layers import RMSNorm
 from declattn.engine.quant import linear
-from declattn.engine.quant.kernel import gguf_ops
+from declattn.engine.quant.kernel import decode_layer_ops
 from declattn.engine.quant.linear import GGUFConcat, GGUFLinear
 
 Rope = tuple[Tensor, Tensor]
-ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "silu": F.silu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu": F.gelu,
-}
-
-
-@dataclass(frozen=True)
-class Norm:
-    weight: Tensor
-    eps: float
-    unit_offset: bool
-
-    @classmethod
-    def of(cls, norm: RMSNorm | None) -> Norm | None:
-        return None if norm is None else cls(norm.weight.detach(), norm.eps, norm.unit_offset)
+ACTIVATIONS = ("silu", "gelu_tanh", "gelu")
+"""What ``after_attention`` computes with ATen's own ops, as ``MLP`` does."""
 
 
 @dataclass(frozen=True)
@@ -70,68 +56,85 @@ class Matmul:
 
 @dataclass(frozen=True)
 class Layer:
-    """What one ``DecoderLayer`` computes with, looked up once."""
+    """What one ``DecoderLayer`` computes with, looked up once. Its norms are weights
+    only: they share one ``eps`` and one form (``unit_offset``), as every family builds
+    them."""
 
-    attn_norm: Norm
+    eps: float
+    unit_offset: bool
+    attn_norm: Tensor
     qkv: Matmul
-    split: tuple[int, int, int]
     heads: tuple[int, int, int]  # query heads, KV heads, head dim
-    q_norm: Norm | None
-    k_norm: Norm | None
+    q_norm: Tensor | None
+    k_norm: Tensor | None
     scale: float
     window: int | None
     o: Matmul
-    post_attn_norm: Norm | None
-    mlp_norm: Norm
+    post_attn_norm: Tensor | None
+    mlp_norm: Tensor
     gate_up: Matmul
-    activation: Callable[[Tensor], Tensor]
+    activation: str
     down: Matmul
-    post_mlp_norm: Norm | None
+    post_mlp_norm: Tensor | None
 
     @classmethod
     def of(cls, layer: DecoderLayer) -> Layer | None:
-        """``None`` unless every projection is a GGUF layer, merged where it can be."""
+        """``None`` unless every projection is a GGUF layer, merged where it can be, and
+        the norms share one eps and form."""
         a, m = layer.attn, layer.mlp
         mats = (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)
         if not all(isinstance(x, GGUFLinear | GGUFConcat) for x in mats):
             return None
         if m.activation not in ACTIVATIONS:
             return None
-        kv = a.num_kv_heads * a.head_dim
+        norms = (layer.attn_norm, layer.mlp_norm, layer.post_attn_norm, layer.post_mlp_norm)
+        if a.q_norm is not None and a.k_norm is not None:
+            norms += (a.q_norm, a.k_norm)
+        forms = {(n.eps, n.unit_offset) for n in norms if n is not None}
+        if len(forms) != 1:
+            return None
+        ((eps, unit_offset),) = forms
+        qk = a.q_norm is not None and a.k_norm is not None
         return cls(
-            Norm.of(layer.attn_norm), Matmul.of(a.qkv_proj), (a.num_heads * a.head_dim, kv, kv),
-            (a.num_heads, a.num_kv_heads, a.head_dim), Norm.of(a.q_norm), Norm.of(a.k_norm),
-            a.scale, a.window, Matmul.of(a.o_proj), Norm.of(layer.post_attn_norm),
-            Norm.of(layer.mlp_norm), Matmul.of(m.gate_up_proj), ACTIVATIONS[m.activation],
-            Matmul.of(m.down_proj), Norm.of(layer.post_mlp_norm),
+            eps, unit_offset, _weight(layer.attn_norm), Matmul.of(a.qkv_proj),
+            (a.num_heads, a.num_kv_heads, a.head_dim), _weight(a.q_norm if qk else None),
+            _weight(a.k_norm if qk else None), a.scale, a.window, Matmul.of(a.o_proj),
+            _weight(layer.post_attn_norm), _weight(layer.mlp_norm), Matmul.of(m.gate_up_proj),
+            m.activation, Matmul.of(m.down_proj), _weight(layer.post_mlp_norm),
         )
+
+    def norms(self) -> list[Tensor]:
+        return [n for n in (self.attn_norm, self.mlp_norm, self.q_norm, self.k_norm,
+                            self.post_attn_norm, self.post_mlp_norm) if n is not None]
+
+
+def _weight(norm: RMSNorm | None) -> Any:
+    return None if norm is None else norm.weight.detach()
 
 
 class GGUFDecodeLayers:
     """A ``Decoder``'s layers for short steps (``Decoder.use_layer_runner``)."""
 
     def __init__(self, layers: list[Layer], dtype: torch.dtype) -> None:
-        gguf, norm_rope = gguf_ops(), layer_ops()
-        assert gguf is not None and norm_rope is not None, "built only where both kernels load"
+        ops = decode_layer_ops()
+        assert ops is not None, "built only where the layer ops load"
         self._layers = layers
         self._dtype = dtype
-        self._cat = gguf.gguf_linear_cat.default
-        self._norm = norm_rope.rms_norm.default
-        self._rotary = norm_rope.rotary.default
+        self._before = ops.before_attention.default
+        self._after = ops.after_attention.default
 
     @classmethod
     def of(cls, model: Decoder) -> GGUFDecodeLayers | None:
         """The runner for ``model``, or ``None`` where some layer is not all GGUF, its
         norms are not in the model's dtype, or a kernel cannot be had."""
-        if gguf_ops() is None or layer_ops() is None:
+        if decode_layer_ops() is None:
             return None
         layers = [Layer.of(layer) for layer in model.layers]
         if not layers or any(x is None for x in layers):
             return None
         dtype = model.norm.weight.dtype
-        norms = [n for x in layers for n in (x.attn_norm, x.mlp_norm, x.q_norm, x.k_norm,
-                                              x.post_attn_norm, x.post_mlp_norm) if n]
-        if dtype not in DTYPES or any(n.weight.dtype != dtype for n in norms):
+        norms = [n for x in layers for n in x.norms()]  # type: ignore[union-attr]
+        if dtype not in DTYPES or any(n.dtype != dtype for n in norms):
             return None
         return cls(layers, dtype)  # type: ignore[arg-type]
 
@@ -152,29 +155,14 @@ class GGUFDecodeLayers:
         return h
 
     def _layer(self, i: int, x: Layer, h: Tensor, rope: Rope, attn: AttentionFn) -> Tensor:
-        t = h.shape[0]
-        heads, kv_heads, dim = x.heads
-        q, k, v = self._matmul(x.qkv, self._rms(x.attn_norm, h)).split(x.split, dim=-1)
-        q, k = q.view(t, heads, dim), k.view(t, kv_heads, dim)
-        if x.q_norm is not None and x.k_norm is not None:
-            q, k = self._rms(x.q_norm, q), self._rms(x.k_norm, k)
-        cos, sin = rope
-        q = self._rotary(q.contiguous(), cos, sin)
-        k = self._rotary(k.contiguous(), cos, sin)
-        out = attn(i, q, k, v.view(t, kv_heads, dim), scale=x.scale, window=x.window)
-        a = self._matmul(x.o, out.reshape(t, heads * dim))
-        if x.post_attn_norm is not None:
-            a = self._rms(x.post_attn_norm, a)
-        h = h + a
-        gate, up = self._matmul(x.gate_up, self._rms(x.mlp_norm, h)).chunk(2, dim=-1)
-        m = self._matmul(x.down, x.activation(gate) * up)
-        if x.post_mlp_norm is not None:
-            m = self._rms(x.post_mlp_norm, m)
-        return h + m
-
-    def _rms(self, n: Norm, x: Tensor) -> Tensor:
-        return self._norm(x.contiguous(), n.weight, n.eps, n.unit_offset)
-
-    def _matmul(self, mm: Matmul, x: Tensor) -> Tensor:
-        y = self._cat(x.contiguous(), mm.blocks, mm.types)
-        return y if mm.bias is None else y + mm.bias
+        qkv, o, gu, down = x.qkv, x.o, x.gate_up, x.down
+        q, k, v = self._before(
+            h, x.attn_norm, x.eps, x.unit_offset, qkv.blocks, qkv.types, qkv.bias, *x.heads,
+            x.q_norm, x.k_norm, *rope,
+        )
+        out = attn(i, q, k, v, scale=x.scale, window=x.window)
+        return self._after(
+            h, out, x.eps, x.unit_offset, o.blocks, o.types, o.bias, x.post_attn_norm,
+            x.mlp_norm, gu.blocks, gu.types, gu.bias, x.activation, down.blocks, down.types,
+            down.bias, x.post_mlp_norm,
+        )
