@@ -131,6 +131,15 @@ def test_a_model_not_all_gguf_gets_no_runner():
     assert model.layer_runner is None
 
 
+def test_a_layer_whose_norms_differ_in_form_gets_no_runner():
+    """The layer ops take one eps and one form per layer (as every family builds its
+    norms); a layer that breaks that runs the modules rather than a wrong norm."""
+    model = gguf_model("qwen2", torch.bfloat16)
+    assert GGUFDecodeLayers.of(model) is not None
+    model.layers[1].mlp_norm.eps = model.layers[1].attn_norm.eps * 10
+    assert GGUFDecodeLayers.of(model) is None
+
+
 def test_engine_decodes_a_view_alike_both_ways_and_counts_the_same_reads():
     """The paged path: keys written to the pool, a DA view planned into runs, the counter
     fed; greedy tokens, each step's blocks and bytes equal with and without the runner."""
