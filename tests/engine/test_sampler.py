@@ -24,3 +24,4 @@ def test_a_greedy_sample_takes_the_first_of_tied_largest_logits(dtype):
     logits = torch.zeros(151936, dtype=dtype)
     logits[[7, 40_000, 151_935]] = 3.0
     assert sample(logits, SamplingParams(), None) == 7
+    assert greedy(logits) == 7
