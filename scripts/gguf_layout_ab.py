@@ -1,10 +1,11 @@
 """The GGUF kernel's A/Bs: rows regrouped or in the file's layout, merged or separate calls.
 
-Q5_0 and Q8_0 regrouped by eight rows against the file's own layout, and q/k/v and
-gate/up merged into one call each against separate calls.
+Q5_0 and Q8_0 regrouped as the loader does (by sixteen rows with AVX-512 VNNI, by eight
+on AVX2) against the file's own layout, and, where it is sixteen, against eight; and
+q/k/v and gate/up merged into one call each against separate calls.
 
 The layouts of every GGUF matrix are held in one process (copies of the loaded layers,
-``GGUFLinear(..., regroup=False)`` for the file's layout) and timed in turns, so that all
+``GGUFLinear(..., group_rows=-1)`` for the file's layout) and timed in turns, so that all
 see the same minutes and neighbours on a noisy machine. Where more than one format is
 regrouped, there is also an arm per format with only that format in the file's layout
 (the others regrouped): what regrouping that format alone gives.
@@ -34,19 +35,23 @@ from gguf import GGMLQuantizationType
 from declattn.api import Engine
 from declattn.bench import peers
 from declattn.engine.quant.fuse import fuse_gguf_projections
+from declattn.engine.quant.kernel import REGROUPED
 from declattn.engine.quant.linear import GGUFLinear
 
 
-def copies(layers: dict[str, GGUFLinear], file_types: set[int]) -> dict[str, GGUFLinear]:
+def copies(
+    layers: dict[str, GGUFLinear], file_types: set[int], group_rows: int = 0
+) -> dict[str, GGUFLinear]:
     """Copies of the layers (bias shared), those of the ggml ``file_types`` in the file's
-    layout and the others regrouped as the loader does. Every arm is such a copy, the
+    layout and the others regrouped as the loader does (``group_rows`` 0), or by that many
+    rows (8 or 16). Every arm is such a copy, the
     regrouped one too: the loaded layers themselves ran 1-3 ms slower over qwen2.5-0.5b's
     matrices than two fresh copies of the same layout (where their pages lie, it seems),
     which an A/B against them would have put down to the layout."""
     out = {}
     for name, m in layers.items():
-        regroup = m.ggml_type not in file_types
-        out[name] = GGUFLinear(m.file_blocks(), m.ggml_type, m.in_features, regroup=regroup)
+        rows = -1 if m.ggml_type in file_types else group_rows
+        out[name] = GGUFLinear(m.file_blocks(), m.ggml_type, m.in_features, group_rows=rows)
         out[name].bias = m.bias
     return out
 
@@ -147,6 +152,8 @@ def main() -> None:
     print(f"{args.model}: {len(loaded)} GGUF matrices, regrouped {dict(regrouped) or 'none'}, "
           f"{args.threads} thread(s)")
     layouts = {"regrouped": copies(loaded, set())}
+    if any(REGROUPED.get(m.kernel_type, ("", 0))[1] == 16 for m in loaded.values()):
+        layouts["regrouped by eight rows"] = copies(loaded, set(), group_rows=8)
     if len(regrouped) > 1:
         for name in sorted(regrouped):
             layouts[f"{name} in file layout"] = copies(loaded, {GGMLQuantizationType[name]})

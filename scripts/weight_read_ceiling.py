@@ -30,13 +30,14 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from declattn.api import Engine
 from declattn.bench.machine import BandwidthProbe
 from declattn.engine.native import build_library
+from declattn.engine.quant.kernel import REGROUPED
 from declattn.engine.quant.linear import GGUFLinear
 
 SOURCE = Path(__file__).with_name("csrc") / "read_ceiling.cpp"
-SIDE_BY_SIDE = {2: 8, 3: 8, 6: 8, 8: 4, 12: 1, 14: 1, 1006: 1, 1008: 1}
+SIDE_BY_SIDE = {2: 8, 3: 8, 6: 8, 8: 4, 12: 1, 14: 1} | dict.fromkeys(REGROUPED, 1)
 """Rows the kernel reads side by side per layout it is given (``kernel_type``: ``rows`` in
 gguf_dot_avx2.h's block structs; the K formats go one row at a time, and Q5_0 and Q8_0
-regrouped by eight rows, 1006 and 1008, are one run of memory a group)."""
+regrouped by eight or sixteen rows are one run of memory a group)."""
 
 
 def block_bytes(ggml_type: int) -> int:

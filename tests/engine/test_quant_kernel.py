@@ -143,28 +143,50 @@ def test_a_bf16_prefill_chunk_takes_the_bf16_gemm_only_where_the_cpu_computes_bf
     assert _rel(got, x.double() @ w.t()) < 1e-2
 
 
-REGROUPED = {Q.Q5_0: 1006, Q.Q8_0: 1008}
+REGROUPED = {8: {Q.Q5_0: 1006, Q.Q8_0: 1008}, 16: {Q.Q5_0: 2006, Q.Q8_0: 2008}}
 """The kernel's ids for a format regrouped by eight rows (gguf_q5_0_rows8.h,
-gguf_q8_0_rows8.h)."""
+gguf_q8_0_rows8.h; AVX2) and by sixteen (gguf_rows16_vnni.h; AVX-512 VNNI)."""
 
 
-def _avx2() -> bool:
-    return "avx2" in open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else False
+def _cpu_flags() -> set[str]:
+    if not os.path.exists("/proc/cpuinfo"):
+        return set()
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
 
 
-@pytest.mark.parametrize("kind", list(REGROUPED), ids=lambda k: k.name)
-@pytest.mark.parametrize("rows,cols", [(50, 864), (8, 32), (96, 512), (7, 64)])
-def test_regrouped_layout_gives_the_file_layouts_results_bit_for_bit(op, kind, rows, cols):
+def _readable_groups() -> list[int]:
+    """The regrouped layouts this CPU's build reads, best first."""
+    flags = _cpu_flags()
+    return [16] * ({"avx512_vnni", "avx512bw"} <= flags) + [8] * ("avx2" in flags)
+
+
+def _best(kind: Q) -> int:
+    """The layout ``gguf_repack`` picks here for a matrix of ``kind`` with whole groups."""
+    groups = _readable_groups()
+    return REGROUPED[groups[0]][kind] if groups else int(kind)
+
+
+@pytest.mark.parametrize("group", [8, 16])
+@pytest.mark.parametrize("kind", [Q.Q5_0, Q.Q8_0], ids=lambda k: k.name)
+@pytest.mark.parametrize("rows,cols", [(50, 864), (8, 32), (16, 64), (96, 512), (7, 64)])
+def test_regrouped_layout_gives_the_file_layouts_results_bit_for_bit(op, group, kind, rows, cols):
     """The regrouped layout is the same integer work in another order of bytes: any bit
     of a code, a high bit or a scale put in the wrong place changes the output. Rows past
-    the last group of eight (50 = 6 x 8 + 2) stay in the file's layout."""
+    the last group (50 = 6 x 8 + 2 = 3 x 16 + 2) stay in the file's layout."""
     ops = kernel.gguf_ops()
+    if group not in _readable_groups():
+        with pytest.raises(RuntimeError, match=f"cannot read rows regrouped by {group}"):
+            ops.gguf_repack(_case(kind, rows=rows, cols=cols)[0], int(kind), group)
+        return
     blocks, w = _case(kind, rows=rows, cols=cols)
-    packed, kernel_type = ops.gguf_repack(blocks, int(kind))
-    if rows < 8 or not _avx2():
+    packed, kernel_type = ops.gguf_repack(blocks, int(kind), group)
+    if rows < group:
         assert kernel_type == int(kind) and torch.equal(packed, blocks)
         return
-    assert kernel_type == REGROUPED[kind] and packed.shape == blocks.shape
+    assert kernel_type == REGROUPED[group][kind] and packed.shape == blocks.shape
     assert not torch.equal(packed, blocks)
     assert torch.equal(ops.gguf_unpack(packed, kernel_type), blocks)
     assert torch.equal(ops.gguf_dequantize(packed, kernel_type, cols),
@@ -175,26 +197,46 @@ def test_regrouped_layout_gives_the_file_layouts_results_bit_for_bit(op, kind, r
             assert torch.equal(op(x, packed, kernel_type), op(x, blocks, int(kind))), (m, dtype)
 
 
-def test_q8_0_with_a_code_of_minus_128_keeps_the_file_layout(op):
-    """The regrouped Q8_0 kernel signs the codes by x, which -128 does not survive; ggml
-    never writes -128, but a matrix with one stays in the file's layout (and is right)."""
+def test_repack_takes_the_best_layout_this_build_reads_or_the_files():
+    ops = kernel.gguf_ops()
+    for kind in (Q.Q5_0, Q.Q8_0):
+        blocks, _ = _case(kind, rows=32, cols=64)
+        assert ops.gguf_repack(blocks, int(kind))[1] == _best(kind)
+        packed, kernel_type = ops.gguf_repack(blocks, int(kind), -1)
+        assert kernel_type == int(kind) and torch.equal(packed, blocks)
+    with pytest.raises(RuntimeError, match="rows 0 .best., -1 .the file's layout., 8 or 16"):
+        ops.gguf_repack(blocks, int(Q.Q8_0), 4)
+
+
+def test_q8_0_with_a_code_of_minus_128_is_right_in_every_layout(op):
+    """The eight-row Q8_0 kernel signs the codes by x, which -128 does not survive: ggml
+    never writes -128, but a matrix with one stays in the file's layout there. The
+    sixteen-row kernel stores codes plus 128 as unsigned bytes, so -128 is a code like
+    any other."""
     blocks, w = _case(Q.Q8_0, rows=32, cols=256)
     blocks[5, 34 * 3 + 2 + 7] = 0x80  # row 5, block 3, code 7
     w[5, 32 * 3 + 7] = -128 * float(blocks[5, 102:104].view(torch.float16))
-    packed, kernel_type = kernel.gguf_ops().gguf_repack(blocks, int(Q.Q8_0))
-    assert kernel_type == int(Q.Q8_0) and torch.equal(packed, blocks)
     x = torch.zeros(1, 256)
     x[0, 32 * 3 + 7] = -1.0  # a negative x meets the -128
+    ops = kernel.gguf_ops()
+    for group in _readable_groups():
+        packed, kernel_type = ops.gguf_repack(blocks, int(Q.Q8_0), group)
+        if group == 8:
+            assert kernel_type == int(Q.Q8_0) and torch.equal(packed, blocks)
+        else:
+            assert kernel_type == REGROUPED[16][Q.Q8_0]
+            assert torch.equal(ops.gguf_unpack(packed, kernel_type), blocks)
+        assert _rel(op(x, packed, kernel_type), x.double() @ w.t()) < 1e-3
     assert _rel(op(x, blocks, int(Q.Q8_0)), x.double() @ w.t()) < 1e-3
 
 
-@pytest.mark.parametrize("kind", list(REGROUPED), ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", [Q.Q5_0, Q.Q8_0], ids=lambda k: k.name)
 def test_a_layer_keeps_the_kernels_layout_and_gives_the_files_back(op, kind):
     blocks, w = _case(kind, rows=64)
     layer = GGUFLinear(blocks, int(kind), w.shape[1])
-    plain = GGUFLinear(blocks, int(kind), w.shape[1], regroup=False)
+    plain = GGUFLinear(blocks, int(kind), w.shape[1], group_rows=-1)
     assert layer.ggml_type == plain.kernel_type == int(kind)
-    assert layer.kernel_type == (REGROUPED[kind] if _avx2() else int(kind))
+    assert layer.kernel_type == _best(kind)
     assert torch.equal(layer.file_blocks(), blocks) and torch.equal(plain.file_blocks(), blocks)
     assert layer.weight_bytes == plain.weight_bytes == blocks.numel()
     x = torch.randn(1, w.shape[1])

@@ -132,7 +132,7 @@ def quantized_layers(
                 blocks = np.ascontiguousarray(blocks[order])  # a row is whole blocks
             # the file's layout: these layers are stored (the loaded ones regroup)
             blocks_t = torch.from_numpy(blocks.copy())
-            yield p, GGUFLinear(blocks_t, int(p.kind), cols, regroup=False)
+            yield p, GGUFLinear(blocks_t, int(p.kind), cols, group_rows=-1)
             continue
         if p.kind in DECODABLE:
             codes = group_codes(t.data, p.kind, (rows, cols))

@@ -93,12 +93,13 @@ class GGUFLinear(QuantLinear):
     cost per call (~30 us when looked up per call) was a tenth of a SmolLM2 step.
 
     ``blocks`` is held in the layout the kernel reads fastest (``gguf_repack``: Q5_0 and
-    Q8_0 rows regrouped by eight on AVX2, the same bytes; ``regroup=False`` keeps the
-    file's), and ``kernel_type`` names it; ``ggml_type`` stays the file's format and
-    ``file_blocks()`` gives the bytes back as the file holds them."""
+    Q8_0 rows regrouped by sixteen with AVX-512 VNNI, by eight on AVX2, the same bytes;
+    ``group_rows`` asks for one: 8 or 16, or -1 for the file's), and ``kernel_type``
+    names it; ``ggml_type`` stays the file's format and ``file_blocks()`` gives the bytes
+    back as the file holds them."""
 
     def __init__(
-        self, blocks: Tensor, ggml_type: int, in_features: int, *, regroup: bool = True
+        self, blocks: Tensor, ggml_type: int, in_features: int, *, group_rows: int = 0
     ) -> None:
         super().__init__()
         from declattn.engine.quant.kernel import gguf_ops
@@ -111,9 +112,7 @@ class GGUFLinear(QuantLinear):
         self.out_features, self.in_features = blocks.shape[0], in_features
         self.ggml_type = ggml_type
         blocks = blocks.contiguous()
-        self.kernel_type = ggml_type
-        if regroup:
-            blocks, self.kernel_type = ops.gguf_repack(blocks, ggml_type)
+        blocks, self.kernel_type = ops.gguf_repack(blocks, ggml_type, group_rows)
         self.register_buffer("blocks", blocks)
         self.bias = None
 

@@ -35,6 +35,7 @@
 #include "gguf_dot_portable.h"
 #include "gguf_q5_0_rows8.h"
 #include "gguf_q8_0_rows8.h"
+#include "gguf_rows16_vnni.h"
 
 namespace {
 
@@ -57,6 +58,14 @@ struct Format {
 
 Format format_of(int64_t type) {
   switch (type) {
+#if defined(GGUF_ROWS16)
+    case kQ5_0_R16: return {32, 22, dot_q5_0_r16};
+    case kQ8_0_R16: return {32, 34, dot_q8_0_r16};
+#else
+    case kQ5_0_R16: case kQ8_0_R16:
+      TORCH_CHECK(false, "gguf: the layouts regrouped by sixteen rows (", type,
+                  ") are made and read by AVX-512 VNNI builds only");
+#endif
 #if defined(__AVX2__)
     case kQ4_0: return {32, 18, dot32<BQ4_0>};
     case kQ4_1: return {32, 20, dot32<BQ4_1>};
@@ -80,16 +89,32 @@ Format format_of(int64_t type) {
   }
 }
 
-// A layout regrouped by eight rows (gguf_q5_0_rows8.h, gguf_q8_0_rows8.h): the file's type
-// it holds (whose block bytes ``format_of`` gives), and one group to and from eight of the
-// file's rows.
+// A layout regrouped by eight rows (gguf_q5_0_rows8.h, gguf_q8_0_rows8.h) or sixteen
+// (gguf_rows16_vnni.h): the file's type it holds (whose block bytes ``format_of`` gives),
+// the rows of a group, and one group to and from that many of the file's rows.
 using GroupFn = void (*)(const uint8_t*, int64_t, int64_t, uint8_t*);
 struct Regrouped {
-  int64_t type, file_type;
+  int64_t type, file_type, rows;
   GroupFn regroup, ungroup;
 };
-constexpr Regrouped kRegrouped[] = {{kQ5_0_R8, kQ5_0, regroup_q5_0, ungroup_q5_0},
-                                    {kQ8_0_R8, kQ8_0, regroup_q8_0, ungroup_q8_0}};
+// Best first: ``gguf_repack`` takes the first one this build reads.
+constexpr Regrouped kRegrouped[] = {
+    {kQ5_0_R16, kQ5_0, 16, regroup_q5_0_r16, ungroup_q5_0_r16},
+    {kQ8_0_R16, kQ8_0, 16, regroup_q8_0_r16, ungroup_q8_0_r16},
+    {kQ5_0_R8, kQ5_0, 8, regroup_q5_0, ungroup_q5_0},
+    {kQ8_0_R8, kQ8_0, 8, regroup_q8_0, ungroup_q8_0}};
+
+// Whether this build's kernel reads layout ``g`` (rows by sixteen: AVX-512 VNNI; by
+// eight: AVX2).
+bool readable(const Regrouped& g) {
+#if defined(GGUF_ROWS16)
+  if (g.rows == 16) return true;
+#endif
+#if defined(__AVX2__)
+  if (g.rows == 8) return true;
+#endif
+  return false;
+}
 
 const Regrouped* regrouped(int64_t type) {  // by the regrouped id; nullptr: not one
   for (const Regrouped& g : kRegrouped)
@@ -217,15 +242,16 @@ at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t k) {
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const int64_t nb = k / f.block;
   if (const Regrouped* g = regrouped(type)) {  // each whole group back to GGUF rows first
-    at::parallel_for(0, n / 8, 8, [&](int64_t g0, int64_t g1) {
-      std::vector<uint8_t> rows(8 * row_bytes);
+    const int64_t gr = g->rows;
+    at::parallel_for(0, n / gr, 8, [&](int64_t g0, int64_t g1) {
+      std::vector<uint8_t> rows(gr * row_bytes);
       for (int64_t i = g0; i < g1; ++i) {
-        g->ungroup(wp + 8 * i * row_bytes, row_bytes, nb, rows.data());
-        for (int r = 0; r < 8; ++r)
-          dequant_row(g->file_type, rows.data() + r * row_bytes, op + (8 * i + r) * k, nb);
+        g->ungroup(wp + gr * i * row_bytes, row_bytes, nb, rows.data());
+        for (int64_t r = 0; r < gr; ++r)
+          dequant_row(g->file_type, rows.data() + r * row_bytes, op + (gr * i + r) * k, nb);
       }
     });
-    for (int64_t r = n / 8 * 8; r < n; ++r)
+    for (int64_t r = n / gr * gr; r < n; ++r)
       dequant_row(g->file_type, wp + r * row_bytes, op + r * k, nb);
     return out;
   }
@@ -235,38 +261,45 @@ at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t k) {
   return out;
 }
 
-// A copy of blocks ``w`` of the file's ``type`` with each whole group of eight rows passed
-// through ``convert`` (a Regrouped's regroup or ungroup); rows past the last group stay as
-// they are.
-at::Tensor convert_groups(const at::Tensor& w, const char* op, int64_t type, GroupFn convert) {
-  const int64_t bytes = format_of(type).bytes;
+// A copy of blocks ``w`` of the file's type with each whole group of ``g``'s rows passed
+// through ``convert`` (``g``'s regroup or ungroup); rows past the last group stay as they
+// are.
+at::Tensor convert_groups(const at::Tensor& w, const char* op, const Regrouped& g, GroupFn convert) {
+  const int64_t bytes = format_of(g.file_type).bytes;
   TORCH_CHECK(w.size(1) % bytes == 0, op, ": ", w.size(1), " bytes is not rows of ", bytes,
               "-byte blocks");
-  const int64_t n = w.size(0), row_bytes = w.size(1), nb = row_bytes / bytes;
+  const int64_t n = w.size(0), row_bytes = w.size(1), nb = row_bytes / bytes, gr = g.rows;
   at::Tensor out = w.clone();
   const uint8_t* src = w.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
-  at::parallel_for(0, n / 8, 8, [&](int64_t g0, int64_t g1) {
-    for (int64_t g = g0; g < g1; ++g)
-      convert(src + 8 * g * row_bytes, row_bytes, nb, dst + 8 * g * row_bytes);
+  at::parallel_for(0, n / gr, 8, [&](int64_t g0, int64_t g1) {
+    for (int64_t i = g0; i < g1; ++i)
+      convert(src + gr * i * row_bytes, row_bytes, nb, dst + gr * i * row_bytes);
   });
   return out;
 }
 
-// The layout the kernel reads fastest for a GGUF matrix: Q5_0 and Q8_0 regrouped by eight
-// rows (gguf_q5_0_rows8.h, gguf_q8_0_rows8.h) on AVX2, the blocks as they are otherwise
-// (and for Q8_0 with a code of -128, which the regrouped kernel cannot take). Returns the
-// blocks to keep and the type to pass with them.
-std::tuple<at::Tensor, int64_t> gguf_repack(const at::Tensor& w, int64_t type) {
+// The layout the kernel reads fastest for a GGUF matrix: Q5_0 and Q8_0 regrouped by
+// sixteen rows with AVX-512 VNNI (gguf_rows16_vnni.h), by eight on AVX2
+// (gguf_q5_0_rows8.h, gguf_q8_0_rows8.h; not Q8_0 with a code of -128, which that kernel
+// cannot take), the blocks as they are otherwise. ``rows`` asks for the layout by that
+// many rows (8 or 16; an error where this build cannot read it), 0 for the best one, -1
+// for the file's. Returns the blocks to keep and the type to pass with them.
+std::tuple<at::Tensor, int64_t> gguf_repack(const at::Tensor& w, int64_t type, int64_t rows) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "gguf_repack: w [N, bytes] uint8");
-#if defined(__AVX2__)
+  TORCH_CHECK(rows == 0 || rows == -1 || rows == 8 || rows == 16,
+              "gguf_repack: rows 0 (best), -1 (the file's layout), 8 or 16, not ", rows);
+  if (rows == -1) return {w, type};
   for (const Regrouped& g : kRegrouped) {
-    if (g.file_type != type || w.size(0) < 8) continue;
-    if (type == kQ8_0 && !q8_0_codes_fit(w.data_ptr<uint8_t>(), w.numel() / 34)) break;
-    return {convert_groups(w, "gguf_repack", type, g.regroup), g.type};
+    if (g.file_type != type || (rows && g.rows != rows)) continue;
+    TORCH_CHECK(readable(g) || !rows, "gguf_repack: this build cannot read rows regrouped by ",
+                rows, " (AVX-512 VNNI reads 16, AVX2 8)");
+    if (!readable(g) || w.size(0) < g.rows) continue;
+    if (g.rows == 8 && type == kQ8_0 && !q8_0_codes_fit(w.data_ptr<uint8_t>(), w.numel() / 34))
+      continue;
+    return {convert_groups(w, "gguf_repack", g, g.regroup), g.type};
   }
-#endif
   return {w, type};
 }
 
@@ -275,7 +308,7 @@ at::Tensor gguf_unpack(const at::Tensor& w, int64_t type) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "gguf_unpack: w [N, bytes] uint8");
   const Regrouped* g = regrouped(type);
-  return g ? convert_groups(w, "gguf_unpack", g->file_type, g->ungroup) : w;
+  return g ? convert_groups(w, "gguf_unpack", *g, g->ungroup) : w;
 }
 
 // How many threads ``at::parallel_for`` ran ``n`` items on: more than one only where this
@@ -293,7 +326,7 @@ TORCH_LIBRARY(declattn_gguf, m) {
   m.def("gguf_linear_cat(Tensor x, Tensor[] ws, int[] types) -> Tensor");
   m.def("gguf_dequantize(Tensor w, int type, int k) -> Tensor");
   m.def("gguf_quantize(Tensor x, bool plain) -> (Tensor, Tensor)");
-  m.def("gguf_repack(Tensor w, int type) -> (Tensor, int)");
+  m.def("gguf_repack(Tensor w, int type, int rows=0) -> (Tensor, int)");
   m.def("gguf_unpack(Tensor w, int type) -> Tensor");
   m.impl("gguf_linear", c10::DispatchKey::CPU, &gguf_linear);
   m.impl("gguf_linear_cat", c10::DispatchKey::CPU, &gguf_linear_cat);

@@ -1,0 +1,207 @@
+// Q8_0 and Q5_0 with their rows regrouped by sixteen at load (``gguf_repack``), for CPUs
+// with AVX-512 VNNI: one 32-bit lane of a 512-bit register is one weight row, so a
+// block's integer dot for sixteen rows is ``vpdpbusd`` alone, with no sum across lanes.
+//
+// Why: on the 2-core AVX-512 Xeon guest the AVX2 kernels of the layouts regrouped by eight
+// (gguf_q8_0_rows8.h, gguf_q5_0_rows8.h) were compute-bound: one decode row through all of
+// qwen2.5-0.5b's matrices took 43.9 ms on one thread where loading the same bytes in the
+// same order took 27.9 (scripts/weight_read_ceiling.py, 2026-12-04), and those two formats
+// are 81% of its bytes. Per row and block of 32 the AVX2 kernels spend ~6.4 (Q8_0) and
+// ~9.5 (Q5_0) instructions; here ~1.3 and ~2.8.
+//
+// A group of sixteen rows is ``16 * row_bytes`` contiguous bytes (where the rows were):
+//   d[nb][16]   fp16 scales, per block the sixteen rows' in order (32 bytes a block);
+// then per block of 32 columns, for Q8_0 (512 bytes):
+//   qs[8][64]   chunk j holds columns 4j .. 4j + 3: bytes 4r .. 4r + 3 are row r's codes,
+//               each stored plus 128 (xor 0x80) as an unsigned byte;
+// for Q5_0 (320 bytes):
+//   hb[4][2]    per chunk c two 64-bit words: bit 4r + i of the first is the high bit of
+//               row r's column 8c + i, of the second that of column 8c + 4 + i;
+//   qs[4][64]   chunk c: byte 4r + i holds row r's column 8c + i in its low nibble and
+//               column 8c + 4 + i in its high one.
+// ``vpdpbusd`` takes unsigned bytes times signed ones, four products a lane: the codes
+// are the unsigned side (Q8_0's plus 128, Q5_0's 5-bit values as stored, 16 too many)
+// and four activations broadcast to every lane the signed side; the offset times the
+// activation block's sum comes off once per block. With ``nb`` even (any K a multiple of
+// 64) and the tensor 64-byte aligned, every code load is 64-byte aligned. Rows past the
+// last whole group stay in the GGUF layout.
+//
+// Per row the float work is the other layouts' in the same order (the block's exact
+// integer sum, then a multiply-add of scale * x's scale, block after block), so the
+// results are theirs bit for bit (tests/engine/test_quant_kernel.py). Q8_0's -128, which
+// the eight-row kernel's sign trick cannot take, is an ordinary code here.
+
+#pragma once
+
+#include "gguf_blocks.h"
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#include <immintrin.h>
+
+#include "gguf_dot_avx2.h"
+#define GGUF_ROWS16 1
+#endif
+
+#include <cstdint>
+#include <cstring>
+
+namespace gguf {
+
+// Our ids for the layouts (not GGUF types: the file holds plain Q5_0 and Q8_0).
+constexpr int64_t kQ5_0_R16 = 2006;
+constexpr int64_t kQ8_0_R16 = 2008;
+
+// Sixteen GGUF rows at ``src`` (``row_bytes`` apart, ``nb`` blocks
+// each) -> one group at ``dst``; ``ungroup`` is the inverse.
+inline void regroup_q8_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+  for (int64_t b = 0; b < nb; ++b)
+    for (int r = 0; r < 16; ++r) {
+      const uint8_t* blk = src + r * row_bytes + b * 34;
+      std::memcpy(dst + 32 * b + 2 * r, blk, 2);
+      uint8_t* qs = dst + 32 * nb + 512 * b + 4 * r;
+      for (int c = 0; c < 32; ++c) qs[64 * (c / 4) + c % 4] = blk[2 + c] ^ 0x80;
+    }
+}
+
+inline void ungroup_q8_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+  for (int64_t b = 0; b < nb; ++b)
+    for (int r = 0; r < 16; ++r) {
+      uint8_t* blk = dst + r * row_bytes + b * 34;
+      std::memcpy(blk, src + 32 * b + 2 * r, 2);
+      const uint8_t* qs = src + 32 * nb + 512 * b + 4 * r;
+      for (int c = 0; c < 32; ++c) blk[2 + c] = qs[64 * (c / 4) + c % 4] ^ 0x80;
+    }
+}
+
+// Row r's 5-bit value of column c (0-31) of a GGUF Q5_0 block.
+inline int q5_0_value(const uint8_t* blk, int c) {
+  uint32_t qh;
+  std::memcpy(&qh, blk + 2, 4);
+  const int nibble = c < 16 ? blk[6 + c] & 0xF : blk[6 + c - 16] >> 4;
+  return nibble | (((qh >> c) & 1) << 4);
+}
+
+inline void regroup_q5_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* hb = dst + 32 * nb + 320 * b;
+    uint8_t* qs = hb + 64;
+    std::memset(hb, 0, 320);
+    for (int r = 0; r < 16; ++r) {
+      const uint8_t* blk = src + r * row_bytes + b * 22;
+      std::memcpy(dst + 32 * b + 2 * r, blk, 2);
+      for (int c = 0; c < 32; ++c) {  // column c = 8 * chunk + 4 * half + i
+        const int chunk = c / 8, half = (c / 4) % 2, i = c % 4, v = q5_0_value(blk, c);
+        qs[64 * chunk + 4 * r + i] |= (v & 0xF) << (4 * half);
+        hb[16 * chunk + 8 * half + (4 * r + i) / 8] |= ((v >> 4) & 1) << ((4 * r + i) % 8);
+      }
+    }
+  }
+}
+
+inline void ungroup_q5_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* hb = src + 32 * nb + 320 * b;
+    const uint8_t* qs = hb + 64;
+    for (int r = 0; r < 16; ++r) {
+      uint8_t* blk = dst + r * row_bytes + b * 22;
+      std::memcpy(blk, src + 32 * b + 2 * r, 2);
+      uint32_t qh = 0;
+      std::memset(blk + 6, 0, 16);
+      for (int c = 0; c < 32; ++c) {
+        const int chunk = c / 8, half = (c / 4) % 2, i = c % 4;
+        const int lo = (qs[64 * chunk + 4 * r + i] >> (4 * half)) & 0xF;
+        const int hi = (hb[16 * chunk + 8 * half + (4 * r + i) / 8] >> ((4 * r + i) % 8)) & 1;
+        qh |= uint32_t(hi) << c;
+        blk[6 + c % 16] |= lo << (c < 16 ? 0 : 4);
+      }
+      std::memcpy(blk + 2, &qh, 4);
+    }
+  }
+}
+
+#if defined(GGUF_ROWS16)
+// A group's blocks are one run of memory, prefetched this far ahead along it. 2-4 KB
+// measured alike and best (qwen2.5-0.5b's gate/up and output head, model order, caches
+// flushed, Xeon guest, one and two threads): 8 KB (the eight-row layouts' distance) was
+// 5-10% slower, 16-32 KB and no software prefetch slower still.
+constexpr int64_t kRows16Ahead = 3072;
+
+template <int64_t Bytes>
+inline void prefetch_block(const uint8_t* p) {
+  for (int64_t o = 0; o < Bytes; o += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(p + kRows16Ahead + o), _MM_HINT_T0);
+}
+
+inline __m512i x4(const int8_t* p) {  // four activations in every 32-bit lane
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// acc (row r in lane r) += (d * x's d) * the block's integer sum s, as the other layouts do.
+inline __m512 scale_add(const uint8_t* d, float xd, __m512i s, __m512 acc) {
+  const __m512 dd = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(d)));
+  return _mm512_fmadd_ps(_mm512_mul_ps(dd, _mm512_set1_ps(xd)), _mm512_cvtepi32_ps(s), acc);
+}
+
+// One group of sixteen Q8_0 rows . one activation row -> out[16].
+inline void group16_q8_0(const uint8_t* w, const Q8Row& x, int64_t nb, float* out) {
+  const uint8_t* qs = w + 32 * nb;
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, qs += 512) {
+    prefetch_block<512>(qs);
+    const int8_t* xb = x.q + 32 * b;
+    __m512i s[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int j = 0; j < 8; ++j)
+      s[j % 2] = _mm512_dpbusd_epi32(s[j % 2], _mm512_loadu_si512(qs + 64 * j), x4(xb + 4 * j));
+    const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(s[0], s[1]),
+                                         _mm512_set1_epi32(128 * x.isum[b]));
+    acc = scale_add(w + 32 * b, x.d[b], sum, acc);
+  }
+  _mm512_storeu_ps(out, acc);
+}
+
+// One group of sixteen Q5_0 rows . one activation row -> out[16].
+inline void group16_q5_0(const uint8_t* w, const Q8Row& x, int64_t nb, float* out) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+  const uint8_t* hb = w + 32 * nb;
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b, hb += 320) {
+    prefetch_block<320>(hb);
+    const int8_t* xb = x.q + 32 * b;
+    __m512i s[2] = {_mm512_setzero_si512(), _mm512_setzero_si512()};
+    for (int c = 0; c < 4; ++c) {
+      uint64_t bits[2];
+      std::memcpy(bits, hb + 16 * c, 16);
+      const __m512i v = _mm512_loadu_si512(hb + 64 + 64 * c);
+      __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+      lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(bits[0]), lo, m10);
+      hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(bits[1]), hi, m10);
+      s[0] = _mm512_dpbusd_epi32(s[0], lo, x4(xb + 8 * c));
+      s[1] = _mm512_dpbusd_epi32(s[1], hi, x4(xb + 8 * c + 4));
+    }
+    const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(s[0], s[1]),
+                                         _mm512_set1_epi32(16 * x.isum[b]));
+    acc = scale_add(w + 32 * b, x.d[b], sum, acc);
+  }
+  _mm512_storeu_ps(out, acc);
+}
+
+// ``rows`` rows from a tile start (a multiple of sixteen rows into the matrix): whole
+// groups regrouped, the rest (only ever the matrix's last rows) in the GGUF layout.
+inline void dot_q8_0_r16(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x,
+                         int64_t nb, float* out) {
+  int64_t r = 0;
+  for (; r + 16 <= rows; r += 16) group16_q8_0(w + r * row_bytes, x, nb, out + r);
+  dot32<BQ8_0>(w + r * row_bytes, row_bytes, rows - r, x, nb, out + r);
+}
+
+inline void dot_q5_0_r16(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x,
+                         int64_t nb, float* out) {
+  int64_t r = 0;
+  for (; r + 16 <= rows; r += 16) group16_q5_0(w + r * row_bytes, x, nb, out + r);
+  dot32<BQ5_0>(w + r * row_bytes, row_bytes, rows - r, x, nb, out + r);
+}
+#endif
+
+}  // namespace gguf
