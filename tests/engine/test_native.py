@@ -10,6 +10,7 @@ split across threads.
 from __future__ import annotations
 
 import os
+import platform
 import random
 import shutil
 import warnings
@@ -88,21 +89,33 @@ def test_random_views_match_gather_softmax(op, n_heads, n_kv, dim, dtype) -> Non
             assert (got[b].double() - ref).abs().max() < tol
 
 
+def _linux_grants_amx() -> bool:
+    """Linux hands out AMX on request from 5.16 on."""
+    if platform.system() != "Linux":
+        return False
+    major, minor = (int(x) for x in platform.release().split(".")[:2])
+    return (major, minor) >= (5, 16)
+
+
 def test_a_cpu_with_avx512_bf16_gets_the_bf16_path(op) -> None:
     """The shapes above run the AVX-512 BF16 path for bf16 queries and pools of head_dim
-    32/64/128/256 where the CPU has it: a build that silently lost it would still pass
-    them on the portable path."""
-    assert native.decode_bf16_path() == ("avx512_bf16" in native._cpu_flags().split())
-    assert native.decode_scoring() in (("vdpbf16ps", "fma") if native.decode_bf16_path() else ("",))
+    32/64/128/256 where the CPU has it, by AMX where it has that too: a build that
+    silently lost either would still pass them on a slower path."""
+    flags = native._cpu_flags().split()
+    assert native.decode_bf16_path() == ("avx512_bf16" in flags)
+    ways = ("amx", "vdpbf16ps", "fma") if native.decode_bf16_path() else ("",)
+    assert native.decode_scoring() in ways
+    if native.decode_bf16_path() and {"amx_bf16", "amx_tile"} <= set(flags):
+        assert (native.decode_scoring() == "amx") == _linux_grants_amx()
 
 
 @pytest.mark.parametrize(("n_heads", "n_kv", "dim"), [(14, 2, 64), (4, 1, 32), (8, 2, 128),
                                                    (4, 1, 256), (16, 1, 64)])
-def test_both_ways_of_scoring_match_gather_softmax(op, n_heads, n_kv, dim) -> None:
-    """The BF16 path scores keys by ``vdpbf16ps`` or by fp32 FMAs (the CPU picks; the op's
-    ``scoring`` forces one): each matches the reference over a random view, and the
-    machine's choice is one of them, bit for bit. On a CPU without the path all three are
-    the portable path."""
+def test_every_way_of_scoring_matches_gather_softmax(op, n_heads, n_kv, dim) -> None:
+    """The BF16 path scores keys by ``vdpbf16ps``, by fp32 FMAs or by AMX tiles (the CPU
+    picks; the op's ``scoring`` forces one): each matches the reference over a random
+    view, and the machine's choice is one of them, bit for bit. On a CPU without the path
+    all but AMX are the portable path; AMX runs only where the CPU and OS have it."""
     rng = random.Random(dim)
     gen = torch.Generator().manual_seed(dim)
     kp = torch.randn(n_kv, 64 * BLOCK, dim, generator=gen).bfloat16()
@@ -111,7 +124,7 @@ def test_both_ways_of_scoring_match_gather_softmax(op, n_heads, n_kv, dim) -> No
     q = torch.randn(1, n_heads, dim, generator=gen).bfloat16()
     batch = RunBatch.of([plan])
     got = {name: op(q, kp, vp, batch.runs, batch.offsets, dim**-0.5, 1, code)
-           for name, code in native.SCORINGS.items()}
+           for name, code in _ways(op).items()}
     ref = gather_softmax(kp, vp, q[0], plan.rows.tolist(), dim**-0.5)
     for name, out in got.items():
         assert (out[0].double() - ref).abs().max() < ROUNDING[torch.bfloat16], name
@@ -119,11 +132,24 @@ def test_both_ways_of_scoring_match_gather_softmax(op, n_heads, n_kv, dim) -> No
     assert torch.equal(got["machine"], got[mine])
 
 
+def _amx(op) -> bool:
+    return native.decode_scoring() == "amx"
+
+
+def _ways(op) -> dict[str, int]:
+    """The ``scoring`` arguments this machine runs (AMX only where it has it)."""
+    return {n: c for n, c in native.SCORINGS.items() if n != "amx" or _amx(op)}
+
+
 def test_an_unknown_scoring_is_refused(op) -> None:
     kp = torch.zeros(1, 16, 64, dtype=torch.bfloat16)
     q = torch.zeros(1, 2, 64, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="scoring must be 0, 1 or 2"):
-        op(q, kp, kp, torch.tensor([[0, 16]]), torch.tensor([0, 1]), 1.0, 1, 3)
+    args = (q, kp, kp, torch.tensor([[0, 16]]), torch.tensor([0, 1]), 1.0, 1)
+    with pytest.raises(RuntimeError, match="scoring must be 0, 1, 2 or 3"):
+        op(*args, 4)
+    if not _amx(op):
+        with pytest.raises(RuntimeError, match="scoring 3 .AMX.: this CPU, build or OS has no AMX"):
+            op(*args, native.SCORINGS["amx"])
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -150,8 +176,11 @@ def test_work_split_does_not_change_the_answer(op, threads: int, min_split: int,
     assert (got.double() - ref).abs().max() < tol  # unscaled q: sharp, large scores
 
 
-def test_rows_outside_the_runs_are_never_read(op) -> None:
-    """Every pool row the plan leaves out is NaN; one read of one would poison the output."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_outside_the_runs_are_never_read(op, dtype) -> None:
+    """Every pool row the plan leaves out is NaN; one read of one would poison the output.
+    bf16: every way of scoring (a tile's padding rows and the rows gathered where 16 rows
+    are not one run must come from the view too)."""
     rng = random.Random(5)
     gen = torch.Generator().manual_seed(5)
     plan = random_plan(rng, 50, 120, 50 * BLOCK - 3)
@@ -160,11 +189,15 @@ def test_rows_outside_the_runs_are_never_read(op) -> None:
     for a, b in plan.rows.tolist():
         kp[:, a:b] = torch.randn(2, b - a, 64, generator=gen)
         vp[:, a:b] = torch.randn(2, b - a, 64, generator=gen)
-    q = torch.randn(1, 14, 64, generator=gen)
-    got = decode_batch(kp, vp, q, RunBatch.of([plan]), 0.125, kernel="native")
-    assert torch.isfinite(got).all()
+    kp, vp = kp.to(dtype), vp.to(dtype)
+    q = torch.randn(1, 14, 64, generator=gen).to(dtype)
     ref = gather_softmax(kp, vp, q[0], plan.rows.tolist(), 0.125)
-    assert (got[0].double() - ref).abs().max() < 2e-6
+    batch = RunBatch.of([plan])
+    tol = 2e-6 if dtype == torch.float32 else ROUNDING[dtype]
+    for way in _ways(op).values() if dtype == torch.bfloat16 else [0]:
+        got = op(q, kp, vp, batch.runs, batch.offsets, 0.125, 1, way)
+        assert torch.isfinite(got).all(), way
+        assert (got[0].double() - ref).abs().max() < tol
 
 
 def test_empty_runs_are_skipped(op) -> None:

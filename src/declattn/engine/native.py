@@ -244,13 +244,16 @@ def decode_bf16_path() -> bool:
     return decode_op() is not None and bool(torch.ops.declattn.decode_bf16_path())
 
 
-SCORINGS = {"machine": 0, "vdpbf16ps": 1, "fma": 2}
-"""The kernel's ``scoring`` argument: how its AVX-512 BF16 path scores keys (the CPU's
-choice by default; the others for tests and ``scripts/decode_attn_profile.py``)."""
+SCORINGS = {"machine": 0, "vdpbf16ps": 1, "fma": 2, "amx": 3}
+"""The kernel's ``scoring`` argument: how its AVX-512 BF16 path scores keys and weights
+values (the CPU's choice by default; the others for tests and
+``scripts/decode_attn_profile.py``; ``amx`` is refused where the CPU, build or OS lacks
+it)."""
 
 
 def decode_scoring() -> str:
-    """How the AVX-512 BF16 path scores keys on this CPU, ``vdpbf16ps`` (AMD) or ``fma``
-    (Intel, where a 512-bit ``vdpbf16ps`` is slower than two fp32 FMAs); ``""`` where
-    there is no such path."""
+    """How the AVX-512 BF16 path works on this CPU: ``amx`` (AMX tiles, where the CPU has
+    AMX-BF16 and Linux grants it: ``csrc/decode_attn_amx.h``), else ``vdpbf16ps`` (AMD) or
+    ``fma`` (Intel, where a 512-bit ``vdpbf16ps`` is slower than two fp32 FMAs); ``""``
+    where there is no such path."""
     return str(torch.ops.declattn.decode_scoring()) if decode_bf16_path() else ""

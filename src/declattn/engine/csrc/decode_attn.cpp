@@ -17,7 +17,9 @@
 //   head_dim a multiple of 8; AVX2+FMA, AVX-512 or NEON code by the machine;
 // - decode_attn_avx512.h: bf16 queries over a bf16 pool (the engine's default on a CPU),
 //   head_dim 32/64/128/256, where the CPU has AVX-512 BF16: keys transposed per tile and
-//   scored with vdpbf16ps (AMD) or fp32 FMAs (Intel), rows read ahead by software prefetch.
+//   scored with vdpbf16ps (AMD) or fp32 FMAs (Intel), rows read ahead by software prefetch;
+// - decode_attn_amx.h: the same work by AMX tile multiplies, where the CPU has AMX-BF16
+//   and the OS grants it (Intel since Sapphire Rapids).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -113,11 +115,20 @@ constexpr bool kBf16Path = true;
 constexpr bool kBf16Path = false;
 #endif
 
+#if defined(__AVX512BF16__) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include "decode_attn_amx.h"
+#define DECLATTN_AMX 1
+#endif
+
+// How the bf16 path scores: the CPU's choice, or one forced, so that a test runs each on
+// any CPU that has it.
+enum Scoring : int64_t { kMachine = 0, kDot = 1, kFma = 2, kAmx = 3 };
+
 // qp: the scaled queries, fp32 [B, Hkv, G, D]; outp: fp32 [B, Hkv, G, D]. ``qb``: the
 // same queries unscaled as bf16 pairs where the bf16 path takes them (else null).
-// ``dot``: the bf16 path scores by vdpbf16ps rather than fp32 FMAs.
+// ``way``: how the bf16 path works (kDot, kFma or kAmx).
 template <typename T>
-void run_kernel(const float* qp, const uint32_t* qb, bool dot, float scale, int64_t batch,
+void run_kernel(const float* qp, const uint32_t* qb, int64_t way, float scale, int64_t batch,
                 int group, const at::Tensor& kp, const at::Tensor& vp, const at::Tensor& runs,
                 const at::Tensor& offsets, float* outp, int64_t min_split_rows) {
   const int64_t n_kv = kp.size(0);
@@ -181,8 +192,11 @@ void run_kernel(const float* qp, const uint32_t* qb, bool dot, float scale, int6
       if constexpr (std::is_same_v<T, at::BFloat16>) {
         if (qb != nullptr) {
           auto call = [&](auto c) {
-            auto attend = dot ? attend_rows_bf16<decltype(c)::value, true>
-                              : attend_rows_bf16<decltype(c)::value, false>;
+            constexpr int kC = decltype(c)::value;
+            auto attend = way == kDot ? attend_rows_bf16<kC, true> : attend_rows_bf16<kC, false>;
+#if defined(DECLATTN_AMX)
+            if (way == kAmx) attend = attend_rows_amx<kC>;
+#endif
             attend(qb + q0 / 2, scale, group, kb + head, vb + head, rp + 2 * r0,
                    ends.data() + r0, op[it.b + 1] - r0, it.lo, it.hi, a, m, l);
           };
@@ -269,9 +283,24 @@ void from_float(const float* src, at::Tensor& t) {
 
 }  // namespace
 
-// How the bf16 path scores: the CPU's choice (dot_scores), or one forced, so that a test
-// runs both on any CPU that has the path.
-enum Scoring : int64_t { kMachine = 0, kDot = 1, kFma = 2 };
+// Whether the bf16 path can work by AMX here: built with it, and granted by the OS.
+bool amx_way() {
+#if defined(DECLATTN_AMX)
+  return amx_usable();
+#else
+  return false;
+#endif
+}
+
+// The bf16 path's way on this CPU: AMX where it can, else vdpbf16ps on AMD and fp32 FMAs
+// on Intel (``dot_scores``).
+int64_t machine_way() {
+  if (amx_way()) return kAmx;
+#if defined(__AVX512BF16__)
+  if (dot_scores()) return kDot;
+#endif
+  return kFma;
+}
 
 // q [B, H, D] in the model's dtype; kp, vp [Hkv, rows, D]; runs [N, 2] int64 pool row
 // ranges, row b reading runs[offsets[b] : offsets[b + 1]]. Returns softmax(scale * q k) v
@@ -279,7 +308,8 @@ enum Scoring : int64_t { kMachine = 0, kDot = 1, kFma = 2 };
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kp, const at::Tensor& vp,
                             const at::Tensor& runs, const at::Tensor& offsets, double scale,
                             int64_t min_split_rows, int64_t scoring) {
-  TORCH_CHECK(scoring >= kMachine && scoring <= kFma, "scoring must be 0, 1 or 2");
+  TORCH_CHECK(scoring >= kMachine && scoring <= kAmx, "scoring must be 0, 1, 2 or 3");
+  TORCH_CHECK(scoring != kAmx || amx_way(), "scoring 3 (AMX): this CPU, build or OS has no AMX");
   TORCH_CHECK(q.dim() == 3 && q.is_contiguous(), "q must be a contiguous [B, H, D]");
   TORCH_CHECK(kp.dim() == 3 && kp.is_contiguous() && vp.is_contiguous(),
               "pools must be contiguous [Hkv, rows, D]");
@@ -306,21 +336,18 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kp, const at:
   const bool bf16 = kBf16Path && q.scalar_type() == at::kBFloat16 &&
                     kp.scalar_type() == at::kBFloat16;
   const uint32_t* qb = bf16 ? reinterpret_cast<const uint32_t*>(q.data_ptr()) : nullptr;
-  bool dot = scoring == kDot;
-#if defined(__AVX512BF16__)
-  if (scoring == kMachine) dot = dot_scores();
-#endif
+  const int64_t way = scoring == kMachine ? machine_way() : scoring;
   switch (kp.scalar_type()) {
     case at::kBFloat16:
-      run_kernel<at::BFloat16>(qf.data(), qb, dot, sc, batch, g, kp, vp, runs, offsets, of.data(),
+      run_kernel<at::BFloat16>(qf.data(), qb, way, sc, batch, g, kp, vp, runs, offsets, of.data(),
                                min_split_rows);
       break;
     case at::kFloat:
-      run_kernel<float>(qf.data(), nullptr, false, sc, batch, g, kp, vp, runs, offsets, of.data(),
+      run_kernel<float>(qf.data(), nullptr, kFma, sc, batch, g, kp, vp, runs, offsets, of.data(),
                         min_split_rows);
       break;
     case at::kHalf:
-      run_kernel<at::Half>(qf.data(), nullptr, false, sc, batch, g, kp, vp, runs, offsets, of.data(),
+      run_kernel<at::Half>(qf.data(), nullptr, kFma, sc, batch, g, kp, vp, runs, offsets, of.data(),
                            min_split_rows);
       break;
     default:
@@ -335,14 +362,15 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& kp, const at:
 // a CPU that has it to a build that uses it.
 bool decode_bf16_path() { return kBf16Path; }
 
-// How the bf16 path scores on this CPU: "vdpbf16ps", "fma", or "" where there is no such
-// path (benchmarks record it).
+// How the bf16 path scores on this CPU: "amx", "vdpbf16ps", "fma", or "" where there is
+// no such path (benchmarks record it).
 std::string decode_scoring() {
-#if defined(__AVX512BF16__)
-  return dot_scores() ? "vdpbf16ps" : "fma";
-#else
-  return "";
-#endif
+  if (!kBf16Path) return "";
+  switch (machine_way()) {
+    case kAmx: return "amx";
+    case kDot: return "vdpbf16ps";
+    default: return "fma";
+  }
 }
 
 #ifndef DECLATTN_OP_NAMESPACE
