@@ -5,7 +5,7 @@ K/V (so one layer's KV is not in cache when it is read), one decode row, a full 
 a focus-like view of 8 runs keeping 1/8 of the rows; the best of 5 passes, and the bytes
 per second that makes. bf16 queries take the AVX-512 BF16 path where the build has it,
 fp32 queries the portable path over the same pool (``--queries bf16,fp32`` times both,
-alternated in one process); ``--scoring machine,vdpbf16ps,fma`` times the BF16 path's
+alternated in one process); ``--scoring machine,vdpbf16ps,fma,amx`` times the BF16 path's
 ways of scoring keys side by side (``machine``: the one this CPU gets). Usage:
 ``python scripts/decode_attn_profile.py [--rows 4000,16000] [--threads 1,2] [--queries bf16]
 [--scoring machine]`` (docs/benchmarks.md quotes it).
