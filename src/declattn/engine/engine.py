@@ -370,7 +370,7 @@ class PagedEngine:
             index=len(seq.output_ids),
             length=st.length,
             blocks=per_layer[0] if per_layer else (),
-            layers_agree=all(b == per_layer[0] for b in per_layer),
+            layers_agree=all(b is per_layer[0] or b == per_layer[0] for b in per_layer),
             global_bytes=self.counter.total_bytes(seq_id=seq.seq_id, step=step),
             sliding_bytes=self.counter.total_bytes(sliding=True, seq_id=seq.seq_id, step=step),
             seconds=elapsed,

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class BlockRead:
-    """What one decode row read in one layer call."""
+    """What one decode row read in one layer call; ``blocks``: the logical blocks, sorted
+    and unique (as ``RunPlan`` names them)."""
 
     step: int
     layer: int
@@ -87,6 +88,8 @@ class ReadCounter:
         recs = self._index.get((step, seq_id, layer, sliding))
         if not recs:
             return None
+        if len(recs) == 1:  # the usual case; a plan names its blocks sorted and unique
+            return recs[0].blocks
         return tuple(sorted({b for r in recs for b in r.blocks}))
 
     def per_step(self, seq_id: int, *, sliding: bool = False) -> dict[int, dict[int, tuple]]:
