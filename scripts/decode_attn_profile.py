@@ -6,9 +6,11 @@ a focus-like view of 8 runs keeping 1/8 of the rows; the best of 5 passes, and t
 per second that makes. bf16 queries take the AVX-512 BF16 path where the build has it,
 fp32 queries the portable path over the same pool (``--queries bf16,fp32`` times both,
 alternated in one process); ``--scoring machine,vdpbf16ps,fma,amx`` times the BF16 path's
-ways of scoring keys side by side (``machine``: the one this CPU gets). Usage:
+ways of scoring keys side by side (``machine``: the one this CPU gets). ``--layers 1``:
+one layer read again and again, so its rows sit in cache (what the arithmetic costs
+without the memory). Usage:
 ``python scripts/decode_attn_profile.py [--rows 4000,16000] [--threads 1,2] [--queries bf16]
-[--scoring machine]`` (docs/benchmarks.md quotes it).
+[--scoring machine] [--layers 24]`` (docs/benchmarks.md quotes it).
 """
 
 from __future__ import annotations
@@ -30,7 +32,10 @@ def main() -> None:
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--queries", default="bf16", help="query dtypes: bf16, fp32 or both")
     ap.add_argument("--scoring", default="machine", help=f"of {', '.join(SCORINGS)}")
+    ap.add_argument("--layers", type=int, default=LAYERS, help="distinct layers (1: in cache)")
     args = ap.parse_args()
+    if args.layers < 1 or LAYERS % args.layers:
+        ap.error(f"--layers must divide {LAYERS}")
     op = decode_op()
     if op is None:
         raise SystemExit("the decode kernel is not available (see the warning)")
@@ -45,8 +50,9 @@ def main() -> None:
     }
     for rows in (int(r) for r in args.rows.split(",")):
         shape = (KV_HEADS, rows, DIM)
-        ks = [torch.randn(shape, generator=g).bfloat16() for _ in range(LAYERS)]
-        vs = [torch.randn(shape, generator=g).bfloat16() for _ in range(LAYERS)]
+        ks = [torch.randn(shape, generator=g).bfloat16() for _ in range(args.layers)]
+        vs = [torch.randn(shape, generator=g).bfloat16() for _ in range(args.layers)]
+        ks, vs = ks * (LAYERS // args.layers), vs * (LAYERS // args.layers)
         views = {
             "full": torch.tensor([[0, rows]]),
             "focus": torch.tensor([[i * rows // 8, i * rows // 8 + rows // 64] for i in range(8)]),

@@ -13,8 +13,9 @@ same minutes and neighbours:
 
 If ``kernel`` ~ ``same pattern``, arithmetic is not what bounds the weights; if ``same
 pattern`` is slower than ``row by row``, the access pattern is. Usage:
-``python scripts/weight_read_ceiling.py [--model qwen2.5-0.5b] [--threads 1] [--passes 7]``
-(docs/benchmarks.md quotes it).
+``python scripts/weight_read_ceiling.py [--model qwen2.5-0.5b] [--threads 1] [--passes 7]
+[--by-kind]`` (docs/benchmarks.md quotes it; ``--by-kind`` adds kernel against row by row
+per layout and shape).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-0.5b")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--passes", type=int, default=7)
+    ap.add_argument("--by-kind", action="store_true",
+                    help="also kernel against row by row per layout and shape")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.ops.load_library(str(build_library(SOURCE)))
@@ -98,6 +101,30 @@ def main() -> None:
         f"{'probe':>13}: {bw.read_best / 1e9:5.2f} / {bw.read_median / 1e9:5.2f} GB/s "
         f"(torch sum of {bw.buffer_bytes / 2**20:.0f} MB)"
     )
+    if args.by_kind:
+        by_kind(mods, xs, touch, probe, args.passes)
+
+
+def by_kind(mods: list[GGUFLinear], xs, touch, probe: BandwidthProbe, passes: int) -> None:
+    """Per layout and shape (the model's matrices of that kind in its order, caches
+    flushed first): the kernel against loading the same bytes row by row, best of
+    ``passes``. Which formats the arithmetic, not the bytes, holds back."""
+    kinds: dict[tuple[int, int, int], list[GGUFLinear]] = {}
+    for m in mods:
+        kinds.setdefault((m.kernel_type, m.out_features, m.in_features), []).append(m)
+    for (layout, rows, cols), group in kinds.items():
+        nbytes = sum(m.blocks.numel() for m in group)
+        arms = {
+            "kernel": lambda g=group: [m(xs[m.in_features]) for m in g],
+            "row by row": lambda g=group: [touch(m.blocks, block_bytes(m.ggml_type), 1) for m in g],
+        }
+        best = dict.fromkeys(arms, float("inf"))
+        for _ in range(passes):
+            for name, fn in arms.items():
+                probe.flush()
+                best[name] = min(best[name], timed(fn))
+        print(f"layout {layout} {rows}x{cols} x{len(group)} ({nbytes / 1e6:.1f} MB): " + ", ".join(
+            f"{name} {t * 1e3:.2f} ms ({nbytes / t / 1e9:.1f} GB/s)" for name, t in best.items()))
 
 
 if __name__ == "__main__":
