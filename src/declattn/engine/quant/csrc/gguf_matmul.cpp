@@ -264,7 +264,8 @@ at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t k) {
 // A copy of blocks ``w`` of the file's type with each whole group of ``g``'s rows passed
 // through ``convert`` (``g``'s regroup or ungroup); rows past the last group stay as they
 // are.
-at::Tensor convert_groups(const at::Tensor& w, const char* op, const Regrouped& g, GroupFn convert) {
+at::Tensor convert_groups(const at::Tensor& w, const char* op, const Regrouped& g,
+                          GroupFn convert) {
   const int64_t bytes = format_of(g.file_type).bytes;
   TORCH_CHECK(w.size(1) % bytes == 0, op, ": ", w.size(1), " bytes is not rows of ", bytes,
               "-byte blocks");

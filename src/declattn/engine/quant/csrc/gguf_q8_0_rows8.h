@@ -114,14 +114,7 @@ inline void group_q8_0(const uint8_t* w, const Q8Row& x, int64_t nb, float* out)
   _mm256_storeu_ps(out, acc);
 }
 
-// ``rows`` rows from a tile start (a multiple of eight rows into the matrix): whole groups
-// regrouped, the rest (only ever the matrix's last rows) in the GGUF layout.
-inline void dot_q8_0_r8(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x,
-                        int64_t nb, float* out) {
-  int64_t r = 0;
-  for (; r + 8 <= rows; r += 8) group_q8_0(w + r * row_bytes, x, nb, out + r);
-  dot32<BQ8_0>(w + r * row_bytes, row_bytes, rows - r, x, nb, out + r);
-}
+constexpr auto dot_q8_0_r8 = dot_groups<group_q8_0, 8, BQ8_0>;
 #endif
 
 }  // namespace gguf

@@ -73,14 +73,6 @@ inline void ungroup_q8_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, 
     }
 }
 
-// Row r's 5-bit value of column c (0-31) of a GGUF Q5_0 block.
-inline int q5_0_value(const uint8_t* blk, int c) {
-  uint32_t qh;
-  std::memcpy(&qh, blk + 2, 4);
-  const int nibble = c < 16 ? blk[6 + c] & 0xF : blk[6 + c - 16] >> 4;
-  return nibble | (((qh >> c) & 1) << 4);
-}
-
 inline void regroup_q5_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
   for (int64_t b = 0; b < nb; ++b) {
     uint8_t* hb = dst + 32 * nb + 320 * b;
@@ -89,8 +81,12 @@ inline void regroup_q5_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, 
     for (int r = 0; r < 16; ++r) {
       const uint8_t* blk = src + r * row_bytes + b * 22;
       std::memcpy(dst + 32 * b + 2 * r, blk, 2);
-      for (int c = 0; c < 32; ++c) {  // column c = 8 * chunk + 4 * half + i
-        const int chunk = c / 8, half = (c / 4) % 2, i = c % 4, v = q5_0_value(blk, c);
+      uint32_t qh;
+      std::memcpy(&qh, blk + 2, 4);
+      for (int c = 0; c < 32; ++c) {  // column c = 8 * chunk + 4 * half + i, 5-bit value v
+        const int nibble = c < 16 ? blk[6 + c] & 0xF : blk[6 + c - 16] >> 4;
+        const int chunk = c / 8, half = (c / 4) % 2, i = c % 4;
+        const int v = nibble | (((qh >> c) & 1) << 4);
         qs[64 * chunk + 4 * r + i] |= (v & 0xF) << (4 * half);
         hb[16 * chunk + 8 * half + (4 * r + i) / 8] |= ((v >> 4) & 1) << ((4 * r + i) % 8);
       }
@@ -187,21 +183,8 @@ inline void group16_q5_0(const uint8_t* w, const Q8Row& x, int64_t nb, float* ou
   _mm512_storeu_ps(out, acc);
 }
 
-// ``rows`` rows from a tile start (a multiple of sixteen rows into the matrix): whole
-// groups regrouped, the rest (only ever the matrix's last rows) in the GGUF layout.
-inline void dot_q8_0_r16(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x,
-                         int64_t nb, float* out) {
-  int64_t r = 0;
-  for (; r + 16 <= rows; r += 16) group16_q8_0(w + r * row_bytes, x, nb, out + r);
-  dot32<BQ8_0>(w + r * row_bytes, row_bytes, rows - r, x, nb, out + r);
-}
-
-inline void dot_q5_0_r16(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x,
-                         int64_t nb, float* out) {
-  int64_t r = 0;
-  for (; r + 16 <= rows; r += 16) group16_q5_0(w + r * row_bytes, x, nb, out + r);
-  dot32<BQ5_0>(w + r * row_bytes, row_bytes, rows - r, x, nb, out + r);
-}
+constexpr auto dot_q8_0_r16 = dot_groups<group16_q8_0, 16, BQ8_0>;
+constexpr auto dot_q5_0_r16 = dot_groups<group16_q5_0, 16, BQ5_0>;
 #endif
 
 }  // namespace gguf
