@@ -17,6 +17,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize
 from gguf_samples import gguf_blocks
 
+from declattn.engine import native
 from declattn.engine.quant import kernel
 from declattn.engine.quant.linear import GEMM_ROWS, GGUFLinear, bf16_gemm
 
@@ -148,18 +149,9 @@ REGROUPED = {8: {Q.Q5_0: 1006, Q.Q8_0: 1008}, 16: {Q.Q5_0: 2006, Q.Q8_0: 2008}}
 gguf_q8_0_rows8.h; AVX2) and by sixteen (gguf_rows16_vnni.h; AVX-512 VNNI)."""
 
 
-def _cpu_flags() -> set[str]:
-    if not os.path.exists("/proc/cpuinfo"):
-        return set()
-    for line in open("/proc/cpuinfo"):
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def _readable_groups() -> list[int]:
     """The regrouped layouts this CPU's build reads, best first."""
-    flags = _cpu_flags()
+    flags = set(native._cpu_flags().split())
     return [16] * ({"avx512_vnni", "avx512bw"} <= flags) + [8] * ("avx2" in flags)
 
 
