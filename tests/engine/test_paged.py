@@ -193,3 +193,44 @@ def test_random_views_match_dense_property(
     outs, refs, _ = filled.step([(sid, 1, view)], counter, rewrite_last=True)
     assert (outs[0].double() - refs[0]).abs().max() < TOL
     assert counter.blocks_read(0, sid, 0) == tuple(view)
+
+
+def test_decode_reads_are_what_the_layer_calls_read(kernel: str) -> None:
+    """``decode_reads`` hands a native layer runner the pools, the new rows and the runs the
+    per-layer calls use: the kernel over them gives those calls' output exactly, and its
+    ``record`` counts what they count. Only a pure decode step on the native kernels gets
+    one."""
+    from declattn.engine.native import decode_op
+
+    world = make_world(4, 2, windows=(None, 6))
+    fill_interleaved(world, {1: 37, 2: 20})
+    world.cache.allocate(1, 38)
+    world.cache.allocate(2, 21)
+    step = [SeqStep(1, 37, 1, [0, 3, 9])]
+    if kernel == "torch":
+        assert PagedAttention(world.cache, step).decode_reads(world.windows) is None
+        return
+    counters = ReadCounter(), ReadCounter()
+    by_layers = PagedAttention(world.cache, step, counters[0])
+    planned = PagedAttention(world.cache, step, counters[1])
+    reads = planned.decode_reads(world.windows)
+    assert reads is not None and reads.row == int(world.cache.slots(1, 37, 38)[0])
+    for layer, window in enumerate(world.windows):
+        q = world.rand(1, 4, HEAD_DIM)
+        k, v = world.rand(1, 2, HEAD_DIM), world.rand(1, 2, HEAD_DIM)
+        want = by_layers(layer, q, k, v, scale=SCALE, window=window)
+        got = decode_op()(q, reads.k_pools[layer], reads.v_pools[layer], reads.runs[layer],
+                          reads.offsets[layer], SCALE, reads.min_split_rows)
+        assert torch.equal(got, want)
+    reads.record()
+    assert counters[1].records == counters[0].records
+    assert counters[1].blocks_read(0, 1, 0) == (0, 3, 9)
+    assert counters[1].total_bytes(sliding=True) > 0
+
+    def no_reads(steps: list[SeqStep]) -> bool:
+        return PagedAttention(world.cache, steps).decode_reads(world.windows) is None
+
+    assert no_reads([SeqStep(1, 30, 8, None)])  # a prefill row
+    assert no_reads([SeqStep(1, 37, 1, None, select=lambda layer, q: None)])
+    assert no_reads([SeqStep(1, 37, 1, None), SeqStep(2, 20, 1, None)])  # rows apart
+    assert PagedAttention(world.cache, step).decode_reads([None]) is None  # not every layer

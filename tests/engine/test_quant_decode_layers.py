@@ -21,6 +21,7 @@ from declattn.engine.dense import DenseAttention
 from declattn.engine.engine import PagedEngine
 from declattn.engine.models import Decoder, ModelConfig
 from declattn.engine.models.layers import MLP, Attention
+from declattn.engine.paged import PagedAttention
 from declattn.engine.quant import kernel, linear
 from declattn.engine.quant.decode_layers import GGUFDecodeLayers
 from declattn.engine.quant.fuse import fuse_gguf_projections
@@ -164,3 +165,59 @@ def test_engine_decodes_a_view_alike_both_ways_and_counts_the_same_reads():
         (r.blocks, r.global_bytes) for r in slow.reads
     ]
     assert fast.reads[-1].blocks == (0, 2, 6)
+
+
+class _CountedStack:
+    """The runner's ``DecodeStack`` with its calls counted."""
+
+    def __init__(self, stack) -> None:
+        self.stack, self.calls = stack, 0
+
+    def run(self, *args):
+        self.calls += 1
+        return self.stack.run(*args)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_call_per_step_equals_layer_by_layer_and_the_modules(family, monkeypatch):
+    """A pure decode step through ``DecodeStack`` (one native call for every layer) stores
+    the same keys and values, picks the same tokens and records the same reads as the
+    runner layer by layer and as the modules, bit for bit; gemma3 has sliding layers."""
+    model = gguf_model(family, torch.bfloat16)
+    tokens = ids(70, 3)
+
+    class Narrow(Controller):
+        def view(self, length):
+            return sorted({1, (length - 1) // 16})
+
+    def run(way: str):
+        runner = GGUFDecodeLayers.of(model)
+        counted = _CountedStack(runner._stack)
+        runner._stack = counted
+        model.use_layer_runner(None if way == "modules" else runner)
+        with monkeypatch.context() as m:
+            if way == "layers":
+                m.setattr(PagedAttention, "decode_reads", lambda self, windows: None)
+            engine = PagedEngine(model, Tok(), num_blocks=32, block_size=16, prefill_chunk=64)
+            seq = engine.add(Narrow(tokens), SamplingParams(max_tokens=5, ignore_eos=True))
+            for _ in engine.run(seq):
+                pass
+        reads = [(r.blocks, r.global_bytes, r.sliding_bytes) for r in seq.reads]
+        pools = [p.clone() for p in engine.cache.k + engine.cache.v]
+        return seq.output_ids, reads, pools, counted.calls
+
+    stack, layers, modules = run("stack"), run("layers"), run("modules")
+    assert stack[3] == 4 and layers[3] == 0  # the 4 steps after the prefill's first token
+    for other in (layers, modules):
+        assert stack[0] == other[0] and stack[1] == other[1]
+        assert all(torch.equal(a, b) for a, b in zip(stack[2], other[2], strict=True))
+    assert stack[1][-1][0] == (1, (len(tokens) + 4 - 1) // 16)
+
+
+def test_the_stack_names_a_wrong_number_of_layers():
+    model = gguf_model("qwen2", torch.bfloat16)
+    stack = model.layer_runner._stack
+    h = torch.randn(1, model.config.hidden_size, dtype=torch.bfloat16)
+    cos, sin = model._rotary_global.cos_sin(torch.tensor([0]))
+    with pytest.raises(RuntimeError, match="one pool pair and one run batch per layer"):
+        stack.run(h, cos, sin, cos, sin, [], [], 0, [], [], 256)

@@ -4,11 +4,18 @@ Model code computes q, k, v for the new tokens of a step (after norms and RoPE) 
 calls an ``AttentionFn``; the function owns where keys and values are stored and which
 of them are read. The model never sees blocks, views or sequences, so the same model
 code runs dense (tests, parity), paged-full (prefill) and paged-with-view (DA decode).
+
+A layer runner that does a whole decode step in one native call (``quant/decode_layers``)
+cannot call back per layer; ``PlannedDecode`` lets it ask the ``AttentionFn`` up front
+what each layer stores and reads (``DecodeReads``), and the function still counts the
+reads. Where the function cannot say (or is not paged), the runner calls it per layer.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -32,4 +39,38 @@ class AttentionFn(Protocol):
         last ``window`` positions (itself included); ``None`` marks a global layer, the
         only kind a DA view restricts. Returns ``[T, n_heads, head_dim]``.
         """
+        ...
+
+
+@dataclass(frozen=True)
+class DecodeReads:
+    """What a pure decode step's attention reads on each layer, for a layer runner that
+    runs the whole step in one native call (``quant/decode_layers.py``) instead of calling
+    the ``AttentionFn`` per layer: where each layer stores its new keys and values, and
+    the runs its decode kernel reads. ``record`` must be called once that call returns:
+    it counts the reads, as the per-layer calls would have."""
+
+    n_rows: int
+    """The step's rows (its decode rows): the ``T`` of ``h [T, hidden]``."""
+    k_pools: list[Tensor]
+    v_pools: list[Tensor]
+    row: int
+    """The first pool row of the step's new tokens, which are consecutive."""
+    runs: list[Tensor]
+    offsets: list[Tensor]
+    """Per layer, the decode kernel's ``runs`` and ``offsets`` (``decode.RunBatch``)."""
+    min_split_rows: int
+    record: Callable[[], None]
+
+
+@runtime_checkable
+class PlannedDecode(Protocol):
+    """An ``AttentionFn`` that can hand a pure decode step's reads to a native layer
+    runner."""
+
+    def decode_reads(self, windows: Sequence[int | None]) -> DecodeReads | None:
+        """The reads of this step's layers (``windows[i]``: layer i's sliding window,
+        ``None`` for a global layer), or ``None`` where the step must go layer by layer
+        through ``__call__`` (a prefill row, query-aware selection, new rows not
+        consecutive, a kernel or dtype the native path does not serve)."""
         ...

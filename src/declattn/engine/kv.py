@@ -236,6 +236,11 @@ class KVCache:
         return len(table)
 
     # -- writes --------------------------------------------------------------------
+    def stores_natively(self) -> bool:
+        """Whether ``write`` stores consecutive rows of the pools' dtype by the native
+        kernel (``csrc/kv_store.cpp``), which a native layer runner calls itself."""
+        return self._store is not None
+
     def write(self, layer: int, slots: Tensor | slice, k: Tensor, v: Tensor) -> None:
         """Store ``k``/``v`` (``[T, n_kv_heads, head_dim]``) at pool rows ``slots`` (an
         index tensor, or a slice for consecutive rows: a plain copy)."""

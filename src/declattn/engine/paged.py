@@ -17,7 +17,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from declattn.engine.decode import Kernel, RunBatch, decode_batch, resolve_kernel
+from declattn.engine.attention_api import DecodeReads
+from declattn.engine.decode import (
+    MIN_SPLIT_ROWS,
+    Kernel,
+    RunBatch,
+    decode_batch,
+    resolve_kernel,
+)
 from declattn.engine.kv import KVCache
 from declattn.engine.prefill import prefill_attention, viewed_prefill_attention
 from declattn.engine.reads import BlockRead, ReadCounter
@@ -262,20 +269,47 @@ class PagedAttention:
         self._record(layer, batch, window is not None)
         return decode_batch(kp, vp, q, batch, scale, self.kernel, self.placement_invariant)
 
+    def decode_reads(self, windows: Sequence[int | None]) -> DecodeReads | None:
+        """This step's reads on every layer for a native layer runner (``PlannedDecode``):
+        only a pure decode step with no query-aware selection, its new rows consecutive,
+        on the native kernels; ``None`` otherwise."""
+        if not self._decode_plans or len(self._decode_plans) != len(self._plans):
+            return None
+        if self._selecting or self.kernel != "native" or not isinstance(self._new_slots, slice):
+            return None
+        if not self.cache.stores_natively() or len(windows) != len(self.cache.k):
+            return None
+        if any(w is not None and w < 1 for w in windows):
+            raise ValueError("window must be >= 1")
+        batches = [self._shared_batch(w) for w in windows]
+
+        def record() -> None:
+            for layer, (batch, window) in enumerate(zip(batches, windows, strict=True)):
+                self._record(layer, batch, window is not None)
+
+        return DecodeReads(
+            self._n_rows, list(self.cache.k), list(self.cache.v), self._new_slots.start,
+            [b.runs for b in batches], [b.offsets for b in batches], MIN_SPLIT_ROWS, record,
+        )
+
+    def _shared_batch(self, window: int | None) -> RunBatch:
+        """The runs of every decode row on a global (``None``) or window layer without
+        query-aware selection: one batch per step and kind of layer."""
+        if window not in self._batches:
+            runs = [
+                p.global_runs if window is None else self._window_runs(p, window)
+                for p in self._decode_plans
+            ]
+            self._batches[window] = RunBatch.of(runs)  # type: ignore[arg-type]
+        return self._batches[window]
+
     def _batch(self, layer: int, q: Tensor, window: int | None) -> RunBatch:
         """The runs of every decode row on this layer, as one kernel call reads them.
         Global and window layers reuse one batch per step; query-aware selection plans
         its rows afresh on every layer."""
+        if window is not None or not self._selecting:
+            return self._shared_batch(window)
         plans = self._decode_plans
-        if window is not None:
-            key: int | None = window
-            if key not in self._batches:
-                self._batches[key] = RunBatch.of([self._window_runs(p, window) for p in plans])
-            return self._batches[key]
-        if not self._selecting:
-            if None not in self._batches:
-                self._batches[None] = RunBatch.of([p.global_runs for p in plans])
-            return self._batches[None]
         return RunBatch.of(
             [
                 self._selected_runs(p, layer, q[p.row]) if p.step.select is not None

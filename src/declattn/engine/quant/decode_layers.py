@@ -10,6 +10,13 @@ step makes three calls per layer: ``before_attention`` and ``after_attention``
 adds and the activation, op by op in native code) around the ``AttentionFn`` (which keeps
 storing keys and values, choosing what is read, and counting it, exactly as before).
 
+A pure decode step goes further: where the ``AttentionFn`` can say up front what each
+layer stores and reads (``PlannedDecode.decode_reads``: no query-aware selection, native
+kernels), every layer runs in one call of ``DecodeStack.run``, which calls the same
+kernels the attention function would (store the new rows, decode attention over the
+planned runs), and the reads are recorded once it returns, as the attention function
+would have recorded them layer by layer.
+
 The arithmetic is the modules' own, op for op in the same dtypes, so the result equals the
 module path bit for bit (``tests/engine/test_quant_decode_layers.py``). It runs only where
 every op it calls is what the module path would call: rows fewer than ``GEMM_ROWS`` (the
@@ -25,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from declattn.engine.attention_api import AttentionFn
+from declattn.engine.attention_api import AttentionFn, PlannedDecode
 from declattn.engine.models.decoder import Decoder, DecoderLayer
 from declattn.engine.models.fused import DTYPES
 from declattn.engine.models.layers import RMSNorm
@@ -122,6 +129,16 @@ class GGUFDecodeLayers:
         self._dtype = dtype
         self._before = ops.before_attention.default
         self._after = ops.after_attention.default
+        self._windows = [x.window for x in layers]
+        self._stack = torch.classes.declattn_decode_layer.DecodeStack()
+        for x in layers:
+            self._stack.add(
+                x.attn_norm, x.eps, x.unit_offset, x.qkv.blocks, x.qkv.types, x.qkv.bias,
+                *x.heads, x.q_norm, x.k_norm, x.scale, x.window is not None, x.o.blocks,
+                x.o.types, x.o.bias, x.post_attn_norm, x.mlp_norm, x.gate_up.blocks,
+                x.gate_up.types, x.gate_up.bias, x.activation, x.down.blocks, x.down.types,
+                x.down.bias, x.post_mlp_norm,
+            )
 
     @classmethod
     def of(cls, model: Decoder) -> GGUFDecodeLayers | None:
@@ -150,6 +167,14 @@ class GGUFDecodeLayers:
             return None
         if rope_global[0].dtype != torch.float32 or rope_local[0].dtype != torch.float32:
             return None
+        reads = attn.decode_reads(self._windows) if isinstance(attn, PlannedDecode) else None
+        if reads is not None and reads.n_rows == len(h) and reads.k_pools[0].dtype == h.dtype:
+            h = self._stack.run(
+                h, *rope_global, *rope_local, reads.k_pools, reads.v_pools, reads.row,
+                reads.runs, reads.offsets, reads.min_split_rows,
+            )
+            reads.record()
+            return h
         for i, layer in enumerate(self._layers):
             h = self._layer(i, layer, h, rope_global if layer.window is None else rope_local, attn)
         return h

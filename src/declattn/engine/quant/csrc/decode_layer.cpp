@@ -2,6 +2,9 @@
 // native calls: ``before_attention`` (norm, merged q/k/v matmul, bias, q/k norms, RoPE) and
 // ``after_attention`` (o matmul, residual, norm, merged gate/up matmul, activation, down
 // matmul, residual; Gemma's sandwich norms). decode_layers.py calls them per layer.
+// On a pure decode step, ``DecodeStack`` runs every layer in one call: those two, and
+// between them the paged attention's own two kernels (store the new keys and values,
+// decode attention over the runs the step planned).
 //
 // Why: made from Python, that work was ~20 op calls per layer, ~500 a step of a 24-layer
 // model, and a Python op call costs a few microseconds of its own whatever the tensor
@@ -21,11 +24,13 @@
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/silu.h>
+#include <torch/custom_class.h>
 #include <torch/library.h>
 
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace {
 
@@ -115,9 +120,108 @@ at::Tensor after_attention(
   return at::add(x, m);
 }
 
+// -- a whole decode step ------------------------------------------------------------------
+//
+// Why: per layer, the Python around these ops (the attention function's checks, the cache
+// write, the run batch, the read record, four op calls parsing their lists of blocks) cost
+// ~40 us of one thread while the other waited: ~1 ms of a 24-layer step, 5% of a two-thread
+// qwen2.5-0.5b focus step at 16K on the Xeon guest. Here a layer costs C++ calls only. The
+// ops are the very ones the Python path calls, in the same order, so the result and what
+// the pools hold are the same bit for bit (tests/engine/test_quant_decode_layers.py).
+
+using StoreSig = void(at::Tensor, at::Tensor, const at::Tensor&, const at::Tensor&, int64_t);
+using AttendSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                             const at::Tensor&, const at::Tensor&, double, int64_t, int64_t);
+
+// The paged attention's kernels (kv_store.cpp, decode_attn.cpp), found at the first step:
+// only the stack needs them, and they are loaded only where the engine uses them.
+struct AttentionOps {
+  c10::TypedOperatorHandle<StoreSig> store = find<StoreSig>("declattn_kv::store_rows");
+  c10::TypedOperatorHandle<AttendSig> attend = find<AttendSig>("declattn::decode_attention");
+};
+
+const AttentionOps& attention_ops() {
+  static const AttentionOps found;
+  return found;
+}
+
+// One layer's weights and shapes: the arguments of its two calls above.
+struct StackLayer {
+  at::Tensor attn_norm, mlp_norm;
+  std::vector<at::Tensor> qkv, o, gate_up, down;
+  std::vector<int64_t> qkv_types, o_types, gate_up_types, down_types;
+  std::optional<at::Tensor> qkv_bias, o_bias, gate_up_bias, down_bias;
+  std::optional<at::Tensor> q_norm, k_norm, post_attn_norm, post_mlp_norm;
+  int64_t heads, kv_heads, dim;
+  double eps, scale;
+  bool unit_offset, local;  // local: a sliding-window layer (rotated by the local RoPE)
+  std::string activation;
+};
+
+struct DecodeStack : torch::CustomClassHolder {
+  std::vector<StackLayer> layers;
+
+  // The layer's arguments, in decode_layers.py's order; the stack keeps the tensors.
+  void add(at::Tensor attn_norm, double eps, bool unit_offset, std::vector<at::Tensor> qkv,
+           std::vector<int64_t> qkv_types, std::optional<at::Tensor> qkv_bias, int64_t heads,
+           int64_t kv_heads, int64_t dim, std::optional<at::Tensor> q_norm,
+           std::optional<at::Tensor> k_norm, double scale, bool local, std::vector<at::Tensor> o,
+           std::vector<int64_t> o_types, std::optional<at::Tensor> o_bias,
+           std::optional<at::Tensor> post_attn_norm, at::Tensor mlp_norm,
+           std::vector<at::Tensor> gate_up, std::vector<int64_t> gate_up_types,
+           std::optional<at::Tensor> gate_up_bias, std::string activation,
+           std::vector<at::Tensor> down, std::vector<int64_t> down_types,
+           std::optional<at::Tensor> down_bias, std::optional<at::Tensor> post_mlp_norm) {
+    layers.push_back({std::move(attn_norm), std::move(mlp_norm), std::move(qkv), std::move(o),
+                      std::move(gate_up), std::move(down), std::move(qkv_types),
+                      std::move(o_types), std::move(gate_up_types), std::move(down_types),
+                      std::move(qkv_bias), std::move(o_bias), std::move(gate_up_bias),
+                      std::move(down_bias), std::move(q_norm), std::move(k_norm),
+                      std::move(post_attn_norm), std::move(post_mlp_norm), heads, kv_heads, dim,
+                      eps, scale, unit_offset, local, std::move(activation)});
+  }
+
+  // h [T, hidden] through every layer: layer i stores its new keys and values at pool rows
+  // [row, row + T) of k_pools[i] and v_pools[i], then attends over runs[i] (rows per
+  // decode row by offsets[i], as decode.py's RunBatch) -> [T, hidden].
+  at::Tensor run(at::Tensor h, at::Tensor cos_g, at::Tensor sin_g, at::Tensor cos_l,
+                 at::Tensor sin_l, std::vector<at::Tensor> k_pools,
+                 std::vector<at::Tensor> v_pools, int64_t row, std::vector<at::Tensor> runs,
+                 std::vector<at::Tensor> offsets, int64_t min_split_rows) {
+    const size_t n = layers.size();
+    TORCH_CHECK(k_pools.size() == n && v_pools.size() == n && runs.size() == n &&
+                    offsets.size() == n,
+                "DecodeStack.run: one pool pair and one run batch per layer (", n, ")");
+    const AttentionOps& attn = attention_ops();
+    for (size_t i = 0; i < n; ++i) {
+      const StackLayer& x = layers[i];
+      const at::Tensor& cos = x.local ? cos_l : cos_g;
+      const at::Tensor& sin = x.local ? sin_l : sin_g;
+      auto [q, k, v] = before_attention(h, x.attn_norm, x.eps, x.unit_offset, x.qkv, x.qkv_types,
+                                        x.qkv_bias, x.heads, x.kv_heads, x.dim, x.q_norm,
+                                        x.k_norm, cos, sin);
+      attn.store.call(k_pools[i], v_pools[i], k, v, row);
+      const at::Tensor out = attn.attend.call(q.contiguous(), k_pools[i], v_pools[i], runs[i],
+                                              offsets[i], x.scale, min_split_rows, 0);
+      h = after_attention(h, out, x.eps, x.unit_offset, x.o, x.o_types, x.o_bias,
+                          x.post_attn_norm, x.mlp_norm, x.gate_up, x.gate_up_types,
+                          x.gate_up_bias, x.activation, x.down, x.down_types, x.down_bias,
+                          x.post_mlp_norm);
+    }
+    return h;
+  }
+};
+
 }  // namespace
 
 TORCH_LIBRARY(declattn_decode_layer, m) {
+  m.class_<DecodeStack>("DecodeStack")
+      .def(torch::init<>())
+      .def("add", &DecodeStack::add)
+      .def("run", &DecodeStack::run)
+      .def("__len__", [](const c10::intrusive_ptr<DecodeStack>& s) {
+        return static_cast<int64_t>(s->layers.size());
+      });
   m.def(
       "before_attention(Tensor h, Tensor attn_norm, float eps, bool unit_offset, Tensor[] qkv, "
       "int[] qkv_types, Tensor? qkv_bias, int heads, int kv_heads, int dim, Tensor? q_norm, "
