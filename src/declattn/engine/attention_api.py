@@ -13,9 +13,10 @@ reads. Where the function cannot say (or is not paged), the runner calls it per 
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from torch import Tensor
 
@@ -63,14 +64,15 @@ class DecodeReads:
     record: Callable[[], None]
 
 
-@runtime_checkable
-class PlannedDecode(Protocol):
+class PlannedDecode(ABC):
     """An ``AttentionFn`` that can hand a pure decode step's reads to a native layer
-    runner."""
+    runner. A base class rather than a runtime-checked ``Protocol``: the runner asks
+    ``isinstance`` once a step, and a runtime protocol check walks the protocol's
+    attributes on every call."""
 
+    @abstractmethod
     def decode_reads(self, windows: Sequence[int | None]) -> DecodeReads | None:
         """The reads of this step's layers (``windows[i]``: layer i's sliding window,
         ``None`` for a global layer), or ``None`` where the step must go layer by layer
         through ``__call__`` (a prefill row, query-aware selection, new rows not
         consecutive, a kernel or dtype the native path does not serve)."""
-        ...

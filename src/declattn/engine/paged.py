@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from declattn.engine.attention_api import DecodeReads
+from declattn.engine.attention_api import DecodeReads, PlannedDecode
 from declattn.engine.decode import (
     MIN_SPLIT_ROWS,
     Kernel,
@@ -104,7 +104,7 @@ def _as_rows(slots: list[Tensor]) -> Tensor | slice:
     return rows
 
 
-class PagedAttention:
+class PagedAttention(PlannedDecode):
     """``AttentionFn`` over a ``KVCache`` for one batch step of several sequences.
 
     Construct one per step (after ``cache.allocate`` covers every ``start + n_new``);
