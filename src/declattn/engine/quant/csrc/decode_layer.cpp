@@ -43,17 +43,21 @@ c10::TypedOperatorHandle<Sig> find(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Sig>();
 }
 
-// The ops this file calls, found once (their libraries are loaded before this one).
+// A set of ops (a struct of handles), found at its first use and kept.
+template <typename Set>
+const Set& found() {
+  static const Set handles;
+  return handles;
+}
+
+// The layer ops' own (their libraries are loaded before this one).
 struct Ops {
   c10::TypedOperatorHandle<LinearSig> linear = find<LinearSig>("declattn_gguf::gguf_linear_cat");
   c10::TypedOperatorHandle<NormSig> norm = find<NormSig>("declattn_layers::rms_norm");
   c10::TypedOperatorHandle<RotarySig> rotary = find<RotarySig>("declattn_layers::rotary");
 };
 
-const Ops& ops() {
-  static const Ops found;
-  return found;
-}
+const Ops& ops() { return found<Ops>(); }
 
 // One layer's norms share one eps and one form (every family builds them from its config).
 struct NormForm {
@@ -140,11 +144,6 @@ struct AttentionOps {
   c10::TypedOperatorHandle<AttendSig> attend = find<AttendSig>("declattn::decode_attention");
 };
 
-const AttentionOps& attention_ops() {
-  static const AttentionOps found;
-  return found;
-}
-
 // One layer's weights and shapes: the arguments of its two calls above.
 struct StackLayer {
   at::Tensor attn_norm, mlp_norm;
@@ -192,7 +191,7 @@ struct DecodeStack : torch::CustomClassHolder {
     TORCH_CHECK(k_pools.size() == n && v_pools.size() == n && runs.size() == n &&
                     offsets.size() == n,
                 "DecodeStack.run: one pool pair and one run batch per layer (", n, ")");
-    const AttentionOps& attn = attention_ops();
+    const AttentionOps& attn = found<AttentionOps>();
     for (size_t i = 0; i < n; ++i) {
       const StackLayer& x = layers[i];
       const at::Tensor& cos = x.local ? cos_l : cos_g;
