@@ -127,9 +127,10 @@ at::Tensor after_attention(
 // -- a whole decode step ------------------------------------------------------------------
 //
 // Why: per layer, the Python around these ops (the attention function's checks, the cache
-// write, the run batch, the read record, four op calls parsing their lists of blocks) cost
-// ~40 us of one thread while the other waited: ~1 ms of a 24-layer step, 5% of a two-thread
-// qwen2.5-0.5b focus step at 16K on the Xeon guest. Here a layer costs C++ calls only. The
+// write, the run batch, the read record, four op calls parsing their lists of blocks) ran
+// on one thread while the others waited. A qwen2.5-0.5b DA focus step at 16K took 21.68 ms
+// that way and 20.43 in one call on two threads of the Xeon guest, 36.98 and 35.37 on one
+// (scripts/decode_stack_ab.py, 2026-12-04). Here a layer costs C++ calls only. The
 // ops are the very ones the Python path calls, in the same order, so the result and what
 // the pools hold are the same bit for bit (tests/engine/test_quant_decode_layers.py).
 
