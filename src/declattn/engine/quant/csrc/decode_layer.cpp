@@ -218,10 +218,7 @@ TORCH_LIBRARY(declattn_decode_layer, m) {
   m.class_<DecodeStack>("DecodeStack")
       .def(torch::init<>())
       .def("add", &DecodeStack::add)
-      .def("run", &DecodeStack::run)
-      .def("__len__", [](const c10::intrusive_ptr<DecodeStack>& s) {
-        return static_cast<int64_t>(s->layers.size());
-      });
+      .def("run", &DecodeStack::run);
   m.def(
       "before_attention(Tensor h, Tensor attn_norm, float eps, bool unit_offset, Tensor[] qkv, "
       "int[] qkv_types, Tensor? qkv_bias, int heads, int kv_heads, int dim, Tensor? q_norm, "
