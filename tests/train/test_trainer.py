@@ -32,8 +32,15 @@ def test_smollm2_fine_tune_lowers_the_masked_loss() -> None:
     assert batch.input_ids.shape[1] < 260
     with torch.no_grad():
         before = float(loss_of(model, batch))
-    losses = list(train(model, lambda step: batch, Recipe(steps=4, lr=3e-4, warmup=1)))
+    # Two steps, not four: the first (at full lr, warmup=1) takes the masked loss from
+    # about 2.45 to 1.0, the second to about 0.33, and each step costs 5-15 s here (the
+    # first allocates AdamW's state for 106M parameters). Two steps still carry Adam's
+    # moments from one step to the next, and the bound is tightened from 0.8 to 0.5 of
+    # the loss (reached: about 0.13 of it); a trainer that does not step, or steps at lr 0,
+    # stays at the loss it started from.
+    losses = list(train(model, lambda step: batch, Recipe(steps=2, lr=3e-4, warmup=1)))
     with torch.no_grad():
         after = float(loss_of(model, batch))
-    assert after < 0.8 * before, (before, losses, after)
+    assert len(losses) == 2 and abs(losses[0] - before) < 1e-3, (before, losses)
+    assert after < 0.5 * before, (before, losses, after)
     assert time.perf_counter() - t0 < 120
