@@ -102,15 +102,26 @@ class Forced(Delegating):
         self.keep_logits = keep_logits
         self.logits: list[Tensor] = []
         self.n = 0
+        self._forced: Tensor | None = None  # -inf but at the last forced token
+        self._last = 0
 
     def process_logits(self, logits: Tensor) -> Tensor:
+        """The inner hook's logits past the script; before, -inf but at the scripted
+        token. One tensor serves every step (the engine samples from it and drops it):
+        a fresh one a step cost a vocabulary-sized fill in every benchmarked step."""
         if self.keep_logits:
             self.logits.append(logits.clone())
         shaped = self.inner.process_logits(logits)
         if self.n >= len(self.tokens):
             return shaped
-        forced = torch.full_like(logits, float("-inf"))
-        forced[self.tokens[self.n]] = 0.0
+        forced = self._forced
+        if forced is None or (forced.shape, forced.dtype, forced.device) != (
+            logits.shape, logits.dtype, logits.device
+        ):
+            forced = self._forced = torch.full_like(logits, float("-inf"))
+        forced[self._last] = float("-inf")
+        self._last = self.tokens[self.n]
+        forced[self._last] = 0.0
         return forced
 
     def on_token(self, token_id: int, text: str) -> str | None:

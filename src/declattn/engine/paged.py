@@ -187,7 +187,9 @@ class PagedAttention(PlannedDecode):
 
     @staticmethod
     def _check_view(st: SeqStep, n_blocks: int) -> np.ndarray:
-        keep = np.unique(np.asarray(st.view if st.view is not None else (), dtype=np.int64))
+        keep = np.asarray(st.view if st.view is not None else (), dtype=np.int64)
+        if keep.size > 1 and not bool((keep[1:] > keep[:-1]).all()):  # views come sorted
+            keep = np.unique(keep)
         if keep.size and (keep[0] < 0 or keep[-1] >= n_blocks):
             raise ValueError(f"view of sequence {st.seq_id} names blocks outside [0, {n_blocks})")
         if not keep.size or keep[-1] != n_blocks - 1:
