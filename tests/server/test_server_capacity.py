@@ -119,12 +119,14 @@ def test_non_streaming_client_that_gives_up_is_cancelled(server: Any, http: Any)
     assert generated < A_TOKENS
 
 
-LONG = 340  # tokens of the long request: with its prompt, 23 of the small pool's 24 blocks
+LONG = 150  # tokens of the long request: with its 23-token prompt, 11 of the small pool's 12
+SHORT = 40  # tokens of each short one: with its 8-token prompt, 3 blocks (4 at the last step)
+SHORTS = 4  # together, about the whole pool: they fit beside each other, not beside the long
 
 
 @pytest.fixture(scope="module")
 def small(server_factory: Any) -> Any:
-    return server_factory(kv_blocks=24, max_batch=16)
+    return server_factory(kv_blocks=12, max_batch=16)
 
 
 def _long_body() -> dict[str, Any]:
@@ -145,15 +147,17 @@ def test_a_long_request_does_not_make_short_ones_wait(small: Any) -> None:
 
         t = threading.Thread(target=long_run)
         t.start()
-        _wait_for(lambda: _metrics(c)["declattn_kv_blocks_in_use"] >= 10, "the long one to grow")
+        # 5 of its 11 blocks: over 90 tokens still to write when the shorts (40 each) come
+        _wait_for(lambda: _metrics(c)["declattn_kv_blocks_in_use"] >= 5, "the long one to grow")
 
-        def short(i: int) -> float:  # about 4 blocks each: with the long one, too many
-            r = c.post("/v1/completions", json={**_body(40), "prompt": f"{i}, {i + 1}, {i + 2},"})
+        def short(i: int) -> float:  # 3-4 blocks each: with the long one, too many
+            body = {**_body(SHORT), "prompt": f"{i}, {i + 1}, {i + 2},"}
+            r = c.post("/v1/completions", json=body)
             assert r.status_code == 200, r.text
             return time.monotonic()
 
-        with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            shorts = list(pool.map(short, range(6)))
+        with concurrent.futures.ThreadPoolExecutor(SHORTS) as pool:
+            shorts = list(pool.map(short, range(SHORTS)))
         t.join(900)
         assert max(shorts) < finished["long"]  # none waited for the long one to end
         long = finished["long_body"]
@@ -163,14 +167,17 @@ def test_a_long_request_does_not_make_short_ones_wait(small: Any) -> None:
         assert m["declattn_preemptions_total"] >= 1 and m["declattn_kv_blocks_in_use"] == 0
 
 
-def test_a_request_past_its_timeout_ends_with_what_it_wrote(small: Any) -> None:
-    with httpx.Client(base_url=small.url, timeout=300) as c:
-        r = c.post("/v1/completions", json={**_long_body(), "timeout": 1.5})
+UNTIMELY = 340  # tokens asked of a request that has 1.5 s: far more than it can write
+
+
+def test_a_request_past_its_timeout_ends_with_what_it_wrote(server: Any) -> None:
+    with httpx.Client(base_url=server.url, timeout=300) as c:
+        r = c.post("/v1/completions", json={**_body(UNTIMELY), "stop": None, "timeout": 1.5})
         assert r.status_code == 200
         body = r.json()
         assert body["choices"][0]["finish_reason"] == "length"
         assert body["usage"]["engine_finish_reason"] == "timeout"
-        assert 0 < body["usage"]["completion_tokens"] < LONG
+        assert 0 < body["usage"]["completion_tokens"] < UNTIMELY
         bad = c.post("/v1/completions", json={**_body(4), "timeout": 0})
         assert bad.status_code == 400
         _wait_for(lambda: _metrics(c)["declattn_kv_blocks_in_use"] == 0, "blocks to free")
