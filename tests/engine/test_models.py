@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -331,6 +333,7 @@ def _transformers_from_gguf(path: Path) -> PreTrainedModel:
     and spends most of its time parsing tokenizer arrays and randomly initialising weights
     it then overwrites; this runs the same steps without those.
     """
+    import gguf
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
     from gguf.quants import dequantize
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -363,7 +366,10 @@ def _transformers_from_gguf(path: Path) -> PreTrainedModel:
             config, dtype=torch.float32, attn_implementation="eager"
         )
     processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=config.to_dict())
-    names = get_gguf_hf_weights_map(model, processor)
+    # transformers walks every submodule and rebuilds gguf-py's whole name table for the
+    # same (arch, layers) at each (300-odd times, 3-4 s): the one table, built once
+    with mock.patch.object(gguf, "get_tensor_name_map", cache(gguf.get_tensor_name_map)):
+        names = get_gguf_hf_weights_map(model, processor)
     state = {}
     for name, shape, ggml_type, offset in entries:
         kind = GGMLQuantizationType(ggml_type)
@@ -376,8 +382,11 @@ def _transformers_from_gguf(path: Path) -> PreTrainedModel:
             weights=weights, name=name, tensor_key_mapping=names, parsed_parameters={}
         )
         if result.name in names:
-            state[names[result.name]] = torch.from_numpy(np.array(result.weights))
-    missing, unexpected = model.load_state_dict(state, strict=False)
+            weights = np.require(result.weights, np.float32, ["C", "W"])  # copies if must
+            state[names[result.name]] = torch.from_numpy(weights)
+    # assign: the dequantised tensors become the weights, not copied again into the
+    # model's untouched allocation (each 1 GB copy of Gemma's page-faults for seconds here)
+    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
     assert set(missing) <= {"lm_head.weight"} and not unexpected
     model.tie_weights()
     return model.eval()
