@@ -117,9 +117,13 @@ def _smol_path() -> Path:
 
 
 @pytest.fixture(scope="module")
-def smol() -> Any:
+def smol(smol_tokenizer: Any) -> Any:
+    """SmolLM2's tokenizer from its GGUF: the session's (tests/conftest.py), which is this
+    same file through the same ``AutoTokenizer.from_pretrained(gguf_file=...)``, built
+    once for the whole run instead of once more here (10 s)."""
     path = _smol_path()
-    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    assert smol_tokenizer.name_or_path == str(path.parent)
+    return smol_tokenizer
 
 
 @pytest.fixture(scope="module")
