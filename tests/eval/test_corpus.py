@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from declattn.engine.tokenizer import load_tokenizer
 from declattn.eval import corpus
 from declattn.eval.corpus import (
     CorpusNotFound,
@@ -19,9 +19,10 @@ from declattn.eval.corpus import (
 
 
 @pytest.fixture(scope="module")
-def count() -> Callable[[str], int]:
-    tok = load_tokenizer("smollm2-135m")
-    return lambda text: len(tok.encode(text, add_special_tokens=False))
+def count(smol_tokenizer: Any) -> Callable[[str], int]:
+    """Tokens by SmolLM2's tokenizer: the session's, ``load_tokenizer("smollm2-135m")``
+    built once for the run (tests/conftest.py), not a second time here."""
+    return lambda text: len(smol_tokenizer.encode(text, add_special_tokens=False))
 
 
 @pytest.fixture(scope="module")

