@@ -24,11 +24,14 @@ def test_forced_logits_leave_only_the_scripted_token_each_step() -> None:
 
 
 def test_forced_logits_follow_a_change_of_shape() -> None:
-    forced = Forced(Controller([1]), [3, 1])
-    assert int(forced.process_logits(torch.zeros(4)).argmax()) == 3
-    forced.on_token(3, "")
-    out = forced.process_logits(torch.zeros(6, dtype=torch.bfloat16))
-    assert out.shape == (6,) and out.dtype == torch.bfloat16 and int(out.argmax()) == 1
+    forced = Forced(Controller([1]), [7, 1, 2])
+    assert int(forced.process_logits(torch.zeros(9)).argmax()) == 7
+    forced.on_token(7, "")
+    out = forced.process_logits(torch.zeros(4, dtype=torch.bfloat16))  # 7 is past its end
+    assert out.shape == (4,) and out.dtype == torch.bfloat16 and int(out.argmax()) == 1
+    forced.on_token(1, "")
+    out = forced.process_logits(torch.zeros(4, dtype=torch.bfloat16))
+    assert int(out.argmax()) == 2 and bool(torch.isinf(out).sum() == 3)
 
 
 def test_kept_logits_are_the_models_not_the_forced_ones() -> None:

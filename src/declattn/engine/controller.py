@@ -119,7 +119,8 @@ class Forced(Delegating):
             logits.shape, logits.dtype, logits.device
         ):
             forced = self._forced = torch.full_like(logits, float("-inf"))
-        forced[self._last] = float("-inf")
+        else:
+            forced[self._last] = float("-inf")
         self._last = self.tokens[self.n]
         forced[self._last] = 0.0
         return forced
