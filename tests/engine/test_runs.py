@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from declattn.engine.runs import RunPlan, plan_runs
+from declattn.engine.runs import RunPlan, plan_runs, sorted_unique
 
 
 def test_short_whole_block_runs_are_gathered_and_the_rest_sliced() -> None:
@@ -47,3 +47,10 @@ def test_window_bounds_cut_partial_blocks_and_inverse_matches_table() -> None:
     assert (a.rows.tolist(), a.blocks, a.n_rows) == (b.rows.tolist(), b.blocks, b.n_rows)
     assert a.rows.tolist() == [[34, 36], [8, 20], [40, 42]]
     assert a.blocks == (1, 2, 3, 4, 5) and a.n_rows == 16
+
+
+def test_sorted_unique_takes_a_sorted_view_as_it_is_and_mends_any_other() -> None:
+    assert sorted_unique([1, 4, 9]).tolist() == [1, 4, 9]
+    assert sorted_unique((9, 1, 4, 4, 1)).tolist() == [1, 4, 9]
+    assert sorted_unique([3, 3]).tolist() == [3]  # a repeat is not increasing
+    assert sorted_unique(()).dtype == np.int64 and sorted_unique(()).size == 0

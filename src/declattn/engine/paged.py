@@ -28,7 +28,7 @@ from declattn.engine.decode import (
 from declattn.engine.kv import KVCache
 from declattn.engine.prefill import prefill_attention, viewed_prefill_attention
 from declattn.engine.reads import BlockRead, ReadCounter
-from declattn.engine.runs import RunPlan, plan_runs
+from declattn.engine.runs import RunPlan, plan_runs, sorted_unique
 
 
 @dataclass(frozen=True)
@@ -187,9 +187,7 @@ class PagedAttention(PlannedDecode):
 
     @staticmethod
     def _check_view(st: SeqStep, n_blocks: int) -> np.ndarray:
-        keep = np.asarray(st.view if st.view is not None else (), dtype=np.int64)
-        if keep.size > 1 and not bool((keep[1:] > keep[:-1]).all()):  # views come sorted
-            keep = np.unique(keep)
+        keep = sorted_unique(st.view if st.view is not None else ())
         if keep.size and (keep[0] < 0 or keep[-1] >= n_blocks):
             raise ValueError(f"view of sequence {st.seq_id} names blocks outside [0, {n_blocks})")
         if not keep.size or keep[-1] != n_blocks - 1:

@@ -26,6 +26,16 @@ _GATHER_RUN_ROWS = 128
 _GATHER_MIN_RUNS = 8
 
 
+def sorted_unique(values: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``values`` as a sorted int64 array without repeats. Already strictly increasing
+    (every session's view, and the blocks of runs in logical order) it is taken as it is:
+    ``np.unique`` sorts, and these arrays are made every decode step."""
+    a = np.asarray(values, dtype=np.int64)
+    if a.size > 1 and not bool((a[1:] > a[:-1]).all()):
+        a = np.unique(a)
+    return a
+
+
 def _expand(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(starts[i], stops[i])``, vectorised."""
     lengths = stops - starts
@@ -78,9 +88,7 @@ class RunPlan:
         if inverse is None and table is not None:
             inverse = inverse_table(np.asarray(table, dtype=np.int64))
         if inverse is not None:
-            ids = inverse[_expand(r[:, 0] // bs, (r[:, 1] - 1) // bs + 1)]
-            if ids.size > 1 and not bool((ids[1:] > ids[:-1]).all()):
-                ids = np.unique(ids)
+            ids = sorted_unique(inverse[_expand(r[:, 0] // bs, (r[:, 1] - 1) // bs + 1)])
             blocks = tuple(ids.tolist())
         return cls(bs, r, blocks, int((r[:, 1] - r[:, 0]).sum()), device)
 
@@ -127,9 +135,7 @@ def plan_runs(
     Vectorised: a 64K-token view has thousands of blocks and is planned every step.
     """
     tab = np.asarray(table, dtype=np.int64)
-    lb = np.asarray(keep, dtype=np.int64)
-    if lb.size > 1 and not bool((lb[1:] > lb[:-1]).all()):
-        lb = np.unique(lb)
+    lb = sorted_unique(keep)
     a = np.maximum(0, lo - lb * bs)
     b = np.minimum(bs, hi - lb * bs)
     valid = a < b
