@@ -1,10 +1,14 @@
-"""Tensors in GGUF block formats for the quantization tests (``test_quant_*``).
+"""GGUF for the engine's tests: tensors in block formats for the quantization tests
+(``test_quant_*``), and a shipped file's header read by transformers' reader.
 
 gguf-py quantizes the legacy formats; it cannot write K formats, so those are random
 bytes with finite fp16 super-scales (every bit pattern of the rest is a valid block).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -28,3 +32,17 @@ def gguf_blocks(kind: Q, rows: int, cols: int, rng: np.random.Generator) -> np.n
         halves = rng.uniform(0.001, 0.05, raw.shape[0]).astype(np.float16)
         raw[:, at : at + 2] = halves.view(np.uint8).reshape(-1, 2)
     return raw.reshape(rows, -1)
+
+
+def gguf_header(path: Path) -> tuple[Any, dict[str, Any], list[tuple[Any, ...]], int]:
+    """A GGUF file's bytes (mapped), its metadata, its tensor table (name, shape, type,
+    offset per tensor) and the byte where that table ends, read by transformers' own GGUF
+    reader: independent of
+    our converter, and without gguf-py's ``GGUFReader``, which spends seconds turning a
+    tokenizer's arrays into fields first."""
+    from transformers.integrations.gguf import reader
+
+    blob = reader._mapped(str(path))
+    metadata, tensor_count, pos = reader._read_metadata(blob, str(path))
+    entries, end = reader._read_tensor_table(blob, tensor_count, pos)
+    return blob, metadata, entries, end

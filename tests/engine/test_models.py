@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from gguf_samples import gguf_header
 from transformers import (
     Gemma3ForCausalLM,
     Gemma3TextConfig,
@@ -339,16 +340,13 @@ def _transformers_from_gguf(path: Path) -> PreTrainedModel:
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.initialization import no_init_weights
     from transformers.integrations import GGUF_CONFIG_MAPPING
-    from transformers.integrations.gguf import reader as gguf_reader
     from transformers.modeling_gguf_pytorch_utils import (
         TENSOR_PROCESSORS,
         TensorProcessor,
         get_gguf_hf_weights_map,
     )
 
-    blob = gguf_reader._mapped(str(path))
-    metadata, tensor_count, pos = gguf_reader._read_metadata(blob, str(path))
-    entries, pos = gguf_reader._read_tensor_table(blob, tensor_count, pos)
+    blob, metadata, entries, pos = gguf_header(path)
     align = metadata.get("general.alignment", 32)
     data_start = (pos + align - 1) // align * align
     arch = metadata["general.architecture"]

@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from gguf_samples import gguf_header
 from test_engine import dense_greedy, make_engine, prompt, run_one, tiny_model
 from test_session import CONTEXT, QUESTION, TRANSCRIPT
 from torch import Tensor
@@ -49,15 +50,8 @@ def packed():
 
 
 def _elements_in_file(path) -> int:
-    """Elements of every tensor the GGUF's own tensor table lists, read by transformers'
-    GGUF reader (gguf-py's ``GGUFReader`` gives the same count, but spends 5 s here
-    turning SmolLM2's tokenizer arrays into fields first)."""
-    from transformers.integrations.gguf import reader as gguf_reader
-
-    blob = gguf_reader._mapped(str(path))
-    _, tensor_count, pos = gguf_reader._read_metadata(blob, str(path))
-    entries, _ = gguf_reader._read_tensor_table(blob, tensor_count, pos)
-    return sum(math.prod(shape) for _, shape, *_ in entries)
+    """Elements of every tensor the GGUF's own tensor table lists (``gguf_header``)."""
+    return sum(math.prod(shape) for _, shape, *_ in gguf_header(path)[2])
 
 
 def test_the_default_load_of_a_gguf_is_packed_from_its_blocks(packed):
