@@ -28,7 +28,6 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
-#include <cstring>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -81,31 +80,13 @@ struct NormForm {
 // (widened to fp32, one fp32 operation, rounded to nearest even once), so the results
 // are ATen's bit for bit (tests/engine/test_quant_decode_layers.py).
 
-inline float widen(at::BFloat16 x) {
-  const uint32_t u = static_cast<uint32_t>(x.x) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-inline at::BFloat16 narrow(float f) {  // c10's rounding: to nearest even, NaN as 0x7FC0
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint32_t even = (u >> 16) & 1;
-  const uint16_t bits = f != f ? 0x7FC0 : static_cast<uint16_t>((u + 0x7FFF + even) >> 16);
-  return at::BFloat16(bits, at::BFloat16::from_bits());
-}
-
-inline float widen(float x) { return x; }
-inline float narrow_to(float f, float*) { return f; }
-inline at::BFloat16 narrow_to(float f, at::BFloat16*) { return narrow(f); }
-
-// a[i] = op(a[i], b[i % row]) for n elements (``row`` == n: b as long as a).
+// a[i] = op(a[i], b[i % row]) for n elements (``row`` == n: b as long as a), in fp32 and
+// rounded back by c10's own conversion, as ATen's kernels round.
 template <typename T, typename Op>
 void combine(T* a, const T* b, int64_t n, int64_t row, Op op) {
   for (int64_t r = 0; r < n; r += row)
     for (int64_t i = 0; i < row; ++i)
-      a[r + i] = narrow_to(op(widen(a[r + i]), widen(b[i])), static_cast<T*>(nullptr));
+      a[r + i] = static_cast<T>(op(static_cast<float>(a[r + i]), static_cast<float>(b[i])));
 }
 
 enum class Elementwise { kAdd, kMul };
