@@ -29,11 +29,13 @@
 #include <torch/library.h>
 
 #if defined(__AVX512F__)
+#include <ATen/TensorIterator.h>
 #include <ATen/Version.h>
 #include <immintrin.h>
 #include <sleef.h>
 #endif
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -126,9 +128,10 @@ at::Tensor matmul(const at::Tensor& x, at::TensorList ws, at::IntArrayRef types,
 }
 
 // silu(gate) * up in place in ``gate`` for bf16, where ATen's silu takes its AVX-512 vector
-// path throughout: ATen dispatching to its AVX-512 kernels, and n a multiple of 64 (its
-// loop goes two vectors of 32 at a time, the rest by a scalar loop with another exp).
-// Returns false (nothing written) otherwise, and ATen's op runs.
+// path throughout: ATen dispatching to its AVX-512 kernels, n a multiple of 64 (its loop
+// goes two vectors of 32 at a time, the rest by a scalar loop with another exp), and n
+// within one chunk of its parallel loop (a chunk would have its own remainder). Returns
+// false (nothing written) otherwise, and ATen's op runs.
 //
 // Why: ATen's silu was the costliest of a layer's small ops in a decode step (8.4 us of
 // the ~30 us of work between a layer's matmuls, a cold TensorIterator op making a tensor;
@@ -140,7 +143,8 @@ bool silu_times_in_place(const at::Tensor& gate, const at::Tensor& up) {
 #if defined(__AVX512F__)
   const int64_t n = gate.numel();
   if (gate.scalar_type() != at::kBFloat16 || up.scalar_type() != at::kBFloat16 ||
-      !gate.is_contiguous() || !up.is_contiguous() || up.numel() != n || n % 64 != 0)
+      !gate.is_contiguous() || !up.is_contiguous() || up.numel() != n || n % 64 != 0 ||
+      n > at::internal::GRAIN_SIZE)
     return false;
   static const bool aten_avx512 = at::get_cpu_capability() == "AVX512";
   if (!aten_avx512) return false;
@@ -150,7 +154,9 @@ bool silu_times_in_place(const at::Tensor& gate, const at::Tensor& up) {
   for (int64_t i = 0; i < n; i += 16) {
     const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i));
     const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-    const __m512 e = Sleef_expf16_u10(_mm512_xor_ps(_mm512_set1_ps(-0.0f), x));
+    const __m512 minus_x = _mm512_castsi512_ps(  // -x, as ATen's neg(): the sign bit flipped
+        _mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN)));
+    const __m512 e = Sleef_expf16_u10(minus_x);
     _mm512_store_ps(s, _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
     for (int j = 0; j < 16; ++j)
       g[i + j] = static_cast<at::BFloat16>(
