@@ -15,9 +15,10 @@
 //
 // Same numbers as the Python it replaces: every step is the very op that code called (the
 // GGUF matmul, rms_norm and rotary through the dispatcher; ATen's silu and gelu), in the
-// same order and dtypes, or, for the adds and the gate's multiply, a loop that computes
-// each element as ATen does (``in_place`` below), so the result equals the modules' bit
-// for bit (tests/engine/test_quant_decode_layers.py).
+// same order and dtypes, or, for the adds and the gate's multiply (and bf16 silu with it,
+// ``silu_times_in_place``), a loop that computes each element as ATen does (``in_place``
+// below), so the result equals the modules' bit for bit
+// (tests/engine/test_quant_decode_layers.py).
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
