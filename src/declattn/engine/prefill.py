@@ -9,7 +9,10 @@ of rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+import warnings
+from collections.abc import Callable, Sequence
+from typing import ParamSpec
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +22,48 @@ from declattn.engine.flash import flash_with_lse
 
 # Prefill splits query rows so one boolean mask stays under this many elements.
 _PREFILL_MASK_ELEMS = 1 << 25
+
+_P = ParamSpec("_P")
+
+TORCH_BF16_FAILURE = "pack_vnni2"
+"""What torch's error says when its bf16 attention kernel cannot run here (see below)."""
+
+FP32_FALLBACK_WARNING = (
+    "torch's bf16 attention kernel failed (pack_vnni2: it needs the AVX-512 that "
+    "ATEN_CPU_CAPABILITY is keeping ATen from), so prefill attention runs in fp32, slower; "
+    "unset ATEN_CPU_CAPABILITY to use the bf16 kernel"
+)
+
+
+def _fp32_where_bf16_fails(
+    attend: Callable[_P, Tensor],
+) -> Callable[_P, Tensor]:
+    """``attend`` (q, k, v first), redone in fp32 where torch's bf16 kernel fails.
+
+    Why: on the Xeon guest (AMX, AVX-512) with ``ATEN_CPU_CAPABILITY=avx2`` set, torch
+    2.13's fused bf16 attention raised its own error ("pack_vnni2 is only supported when
+    avx512 is supported") on every prefill longer than a few rows, so a request failed in
+    its first step. The same attention in fp32 runs through another kernel there, so the
+    request now runs, with one warning naming the cause and the fix. Any other error is
+    raised as it is.
+    """
+
+    @functools.wraps(attend)
+    def run(*args: _P.args, **kwargs: _P.kwargs) -> Tensor:
+        try:
+            return attend(*args, **kwargs)
+        except RuntimeError as err:
+            q = args[0] if args else kwargs.get("q")
+            bf16 = isinstance(q, Tensor) and q.dtype == torch.bfloat16
+            if not bf16 or TORCH_BF16_FAILURE not in str(err):
+                raise
+        warnings.warn(FP32_FALLBACK_WARNING, RuntimeWarning, stacklevel=2)
+        wide = [a.float() if i < 3 and isinstance(a, Tensor) else a for i, a in enumerate(args)]
+        named = {n: a.float() if n in ("q", "k", "v") and isinstance(a, Tensor) else a
+                 for n, a in kwargs.items()}
+        return attend(*wide, **named).to(torch.bfloat16)  # type: ignore[arg-type]
+
+    return run
 
 
 def _context_then_chunk(q4: Tensor, k4: Tensor, v4: Tensor, n_ctx: int, scale: float) -> Tensor:
@@ -51,6 +96,7 @@ def _mask_rows(n_keys: int) -> int:
     return max(1, _PREFILL_MASK_ELEMS // max(1, n_keys))
 
 
+@_fp32_where_bf16_fails
 def prefill_attention(
     q: Tensor, k: Tensor, v: Tensor, start: int, scale: float, window: int | None
 ) -> Tensor:
@@ -75,6 +121,7 @@ def prefill_attention(
     return masked_prefill_attention(q, k, v, start, scale, window)
 
 
+@_fp32_where_bf16_fails
 def masked_prefill_attention(
     q: Tensor, k: Tensor, v: Tensor, start: int, scale: float, window: int | None
 ) -> Tensor:
@@ -115,6 +162,7 @@ def masked_prefill_attention(
     return out
 
 
+@_fp32_where_bf16_fails
 def viewed_prefill_attention(
     q: Tensor,
     k: Tensor,
