@@ -36,7 +36,9 @@ class StepRecord:
     def from_count(
         cls, index: int, mode: Mode, focus_ids: tuple[int, ...], length: int, count: StepCount
     ) -> StepRecord:
-        return cls(index, Mode(mode), tuple(focus_ids), length, **asdict(count))
+        c = count  # its fields one by one: ``asdict`` copies deeply, once per decode step
+        return cls(index, Mode(mode), tuple(focus_ids), length, c.logical, c.physical,
+                   c.vanilla_logical, c.vanilla_physical)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

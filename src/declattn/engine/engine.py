@@ -25,6 +25,7 @@ from declattn.engine.models.token_context import TokenContext, token_context
 from declattn.engine.paged import PagedAttention, SeqStep
 from declattn.engine.reads import ReadCounter
 from declattn.engine.request import Request, StepRead, TokenEvent
+from declattn.engine.runs import PlanCarry
 from declattn.engine.sampler import SamplingParams, sample
 from declattn.engine.stops import cut_at_stop
 
@@ -87,6 +88,7 @@ class PagedEngine:
             prefix_caching=prefix_caching,
         )
         self.counter = ReadCounter()
+        self._carry = PlanCarry()  # decode plans carried from step to step
         self._global_layers = [i for i in range(c.num_layers) if c.window(i) is None]
         self._eos = set(c.eos_token_ids)
         if getattr(tokenizer, "eos_token_id", None) is not None:
@@ -179,7 +181,7 @@ class PagedEngine:
         if seq in self.running:
             self.running.remove(seq)
         seq.finish_reason = seq.finish_reason or reason
-        self.cache.free(seq.seq_id)
+        self._free(seq)
 
     @property
     def has_work(self) -> bool:
@@ -313,7 +315,7 @@ class PagedEngine:
         if seq in self.running:
             self.running.remove(seq)
             self.waiting.insert(0, seq)
-        self.cache.free(seq.seq_id)
+        self._free(seq)
         seq.preemptions += 1
         seq.prefilled = seq.registered = 0
 
@@ -335,7 +337,8 @@ class PagedEngine:
         ids = torch.tensor([s.output_ids[-1] for s in seqs], device=self.device)
         pos = torch.tensor([s.length - 1 for s in seqs], device=self.device)
         attn = PagedAttention(
-            self.cache, steps, self.counter, placement_invariant=self.batch_invariant
+            self.cache, steps, self.counter, placement_invariant=self.batch_invariant,
+            carry=self._carry,
         )
         context = self._context([(s, range(s.length - 1, s.length)) for s in seqs])
         hidden = self.model(ids, pos, attn, context)
@@ -398,11 +401,15 @@ class PagedEngine:
             self._finish(seq, reason)
         return TokenEvent(seq.seq_id, token, text, len(seq.output_ids) - 1, reason)
 
+    def _free(self, seq: Request) -> None:
+        self.cache.free(seq.seq_id)
+        self._carry.drop(seq.seq_id)
+
     def _finish(self, seq: Request, reason: str) -> None:
         seq.finish_reason = reason
         if seq in self.running:
             self.running.remove(seq)
-        self.cache.free(seq.seq_id)
+        self._free(seq)
 
     # -- convenience ---------------------------------------------------------------
     def run(self, seq: Request) -> Iterator[TokenEvent]:

@@ -28,7 +28,7 @@ from declattn.engine.decode import (
 from declattn.engine.kv import KVCache
 from declattn.engine.prefill import prefill_attention, viewed_prefill_attention
 from declattn.engine.reads import BlockRead, ReadCounter
-from declattn.engine.runs import RunPlan, plan_runs, sorted_unique
+from declattn.engine.runs import Carried, PlanCarry, RunPlan, plan_runs, sorted_unique, view_key
 
 
 @dataclass(frozen=True)
@@ -124,11 +124,13 @@ class PagedAttention(PlannedDecode):
         *,
         kernel: Kernel = "auto",
         placement_invariant: bool = False,
+        carry: PlanCarry | None = None,
     ) -> None:
         """``kernel`` forces a decode path (``native`` or ``torch``) where a benchmark or a
         test compares them; the engine leaves it on ``auto``. ``placement_invariant``:
         decode rows' results must not depend on where their blocks sit (see
-        ``decode_batch``); batch-invariant mode asks for it."""
+        ``decode_batch``); batch-invariant mode asks for it. ``carry``: the plans of the
+        previous step, grown where they still hold (the engine keeps one across steps)."""
         self.cache = cache
         self.counter = counter
         self.kernel = resolve_kernel(kernel, cache.k[0])
@@ -139,6 +141,7 @@ class PagedAttention(PlannedDecode):
         seen: set[int] = set()
         plans: list[_SeqPlan] = []
         new_slots: list[Tensor] = []
+        carried: dict[int, Carried] = {}
         row = 0
         for st in steps:
             if st.seq_id in seen:
@@ -152,13 +155,18 @@ class PagedAttention(PlannedDecode):
                     f"{st.length}: call cache.allocate first"
                 )
             n_blocks = -(-st.length // bs)
-            table = cache.block_array(st.seq_id)[:n_blocks]
+            whole = cache.block_array(st.seq_id)
+            table = whole[:n_blocks]
             plan = _SeqPlan(st, row, table, None)
             if st.is_decode:
-                keep = range(n_blocks) if st.view is None else self._check_view(st, n_blocks)
-                plan.global_runs = plan_runs(
-                    table, keep, 0, st.length, bs, self._device, cache.block_inverse(st.seq_id)
-                )
+                view = view_key(st.view)
+                runs = carry.grown(st.seq_id, view, st.length, whole, bs) if carry else None
+                if runs is None:
+                    keep = range(n_blocks) if view is None else self._check_view(st, n_blocks)
+                    inverse = cache.block_inverse(st.seq_id)
+                    runs = plan_runs(table, keep, 0, st.length, bs, self._device, inverse)
+                plan.global_runs = runs
+                carried[st.seq_id] = Carried(view, st.length, whole, runs)
                 new_slots.append(cache.slots(st.seq_id, st.start, st.length))
             elif _consecutive(table):
                 first = int(table[0]) * bs
@@ -183,6 +191,8 @@ class PagedAttention(PlannedDecode):
         self._selecting = any(p.step.select is not None for p in self._decode_plans)
         self._batches: dict[int | None, RunBatch] = {}
         self._new_slots = _as_rows(new_slots)
+        if carry is not None:
+            carry.keep(carried)
         self.step = counter.begin_step() if counter is not None else -1
 
     @staticmethod
