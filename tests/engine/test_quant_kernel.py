@@ -189,6 +189,35 @@ def test_regrouped_layout_gives_the_file_layouts_results_bit_for_bit(op, group, 
             assert torch.equal(op(x, packed, kernel_type), op(x, blocks, int(kind))), (m, dtype)
 
 
+@pytest.mark.parametrize("kind", [Q.Q4_K, Q.Q6_K], ids=lambda k: k.name)
+@pytest.mark.parametrize("rows,cols", [(50, 512), (16, 256), (96, 768), (7, 256)])
+def test_k_formats_regrouped_by_sixteen_give_the_file_layouts_results_bit_for_bit(
+    op, kind, rows, cols
+):
+    """Q4_K and Q6_K by sixteen rows (AVX-512 VNNI; ``gguf_k_rows16.h``) move every byte
+    of the file's rows and sum each group's products in its own lanes: a misplaced code
+    bit, high bit or scale changes the output, and the float work per row is the file
+    kernel's in its order, so the outputs are equal, not close. Rows past the last group
+    (50 = 3 x 16 + 2) stay in the file's layout; without VNNI the file's layout stays."""
+    ops = kernel.gguf_ops()
+    blocks, _ = _case(kind, rows=rows, cols=cols)
+    packed, kernel_type = ops.gguf_repack(blocks, int(kind))
+    if rows < 16 or 16 not in _readable_groups():
+        assert kernel_type == int(kind) and torch.equal(packed, blocks)
+        return
+    assert kernel.REGROUPED[kernel_type] == (kind.name, 16)
+    assert packed.shape == blocks.shape and not torch.equal(packed, blocks)
+    assert torch.equal(ops.gguf_unpack(packed, kernel_type), blocks)
+    assert torch.equal(ops.gguf_dequantize(packed, kernel_type, cols),
+                       ops.gguf_dequantize(blocks, int(kind), cols))
+    for m in (1, 3, 17):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)).to(dtype)
+            assert torch.equal(op(x, packed, kernel_type), op(x, blocks, int(kind))), (m, dtype)
+    layer = GGUFLinear(blocks, int(kind), cols)
+    assert layer.kernel_type == kernel_type and torch.equal(layer.file_blocks(), blocks)
+
+
 def test_repack_takes_the_best_layout_this_build_reads_or_the_files():
     ops = kernel.gguf_ops()
     for kind in (Q.Q5_0, Q.Q8_0):

@@ -27,10 +27,13 @@ LAYER_SWITCH = "DECLATTN_LAYER_KERNEL"
 ENV_SWITCH = "DECLATTN_GGUF_KERNEL"
 NATIVE_TYPES = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
 """ggml type ids the kernel multiplies by directly."""
-REGROUPED = {1006: ("Q5_0", 8), 1008: ("Q8_0", 8), 2006: ("Q5_0", 16), 2008: ("Q8_0", 16)}
+REGROUPED = {
+    1006: ("Q5_0", 8), 1008: ("Q8_0", 8), 2006: ("Q5_0", 16), 2008: ("Q8_0", 16),
+    2012: ("Q4_K", 16), 2014: ("Q6_K", 16),
+}
 """Our ids of the layouts ``gguf_repack`` regroups a matrix into at load: the file's format
-each holds and the rows of a group (sixteen: AVX-512 VNNI, ``gguf_rows16_vnni.h``; eight:
-AVX2, ``gguf_q5_0_rows8.h``, ``gguf_q8_0_rows8.h``)."""
+each holds and the rows of a group (sixteen: AVX-512 VNNI, ``gguf_rows16_vnni.h`` and
+``gguf_k_rows16.h``; eight: AVX2, ``gguf_q5_0_rows8.h``, ``gguf_q8_0_rows8.h``)."""
 
 
 @functools.cache

@@ -33,6 +33,7 @@
 #include "gguf_blocks.h"
 #include "gguf_dot_avx2.h"
 #include "gguf_dot_portable.h"
+#include "gguf_k_rows16.h"
 #include "gguf_q5_0_rows8.h"
 #include "gguf_q8_0_rows8.h"
 #include "gguf_rows16_vnni.h"
@@ -61,8 +62,11 @@ Format format_of(int64_t type) {
 #if defined(GGUF_ROWS16)
     case kQ5_0_R16: return {32, 22, dot_q5_0_r16};
     case kQ8_0_R16: return {32, 34, dot_q8_0_r16};
+    case kQ4_K_R16: return {256, 144, dot_q4_k_r16};
+    case kQ6_K_R16: return {256, 210, dot_q6_k_r16};
 #else
     case kQ5_0_R16: case kQ8_0_R16:
+    case 2012: case 2014:  // Q4_K and Q6_K by sixteen (gguf_k_rows16.h)
       TORCH_CHECK(false, "gguf: the layouts regrouped by sixteen rows (", type,
                   ") are made and read by AVX-512 VNNI builds only");
 #endif
@@ -101,6 +105,10 @@ struct Regrouped {
 constexpr Regrouped kRegrouped[] = {
     {kQ5_0_R16, kQ5_0, 16, regroup_q5_0_r16, ungroup_q5_0_r16},
     {kQ8_0_R16, kQ8_0, 16, regroup_q8_0_r16, ungroup_q8_0_r16},
+#if defined(GGUF_ROWS16)
+    {kQ4_K_R16, kQ4_K, 16, regroup_q4_k_r16, ungroup_q4_k_r16},
+    {kQ6_K_R16, kQ6_K, 16, regroup_q6_k_r16, ungroup_q6_k_r16},
+#endif
     {kQ5_0_R8, kQ5_0, 8, regroup_q5_0, ungroup_q5_0},
     {kQ8_0_R8, kQ8_0, 8, regroup_q8_0, ungroup_q8_0}};
 
@@ -280,12 +288,12 @@ at::Tensor convert_groups(const at::Tensor& w, const char* op, const Regrouped& 
   return out;
 }
 
-// The layout the kernel reads fastest for a GGUF matrix: Q5_0 and Q8_0 regrouped by
-// sixteen rows with AVX-512 VNNI (gguf_rows16_vnni.h), by eight on AVX2
-// (gguf_q5_0_rows8.h, gguf_q8_0_rows8.h; not Q8_0 with a code of -128, which that kernel
-// cannot take), the blocks as they are otherwise. ``rows`` asks for the layout by that
-// many rows (8 or 16; an error where this build cannot read it), 0 for the best one, -1
-// for the file's. Returns the blocks to keep and the type to pass with them.
+// The layout the kernel reads fastest for a GGUF matrix: Q5_0, Q8_0, Q4_K and Q6_K
+// regrouped by sixteen rows with AVX-512 VNNI (gguf_rows16_vnni.h, gguf_k_rows16.h), Q5_0
+// and Q8_0 by eight on AVX2 (gguf_q5_0_rows8.h, gguf_q8_0_rows8.h; not Q8_0 with a code
+// of -128, which that kernel cannot take), the blocks as they are otherwise. ``rows`` asks
+// for the layout by that many rows (8 or 16; an error where this build cannot read it), 0
+// for the best one, -1 for the file's. Returns the blocks to keep and the type to pass with them.
 std::tuple<at::Tensor, int64_t> gguf_repack(const at::Tensor& w, int64_t type, int64_t rows) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "gguf_repack: w [N, bytes] uint8");

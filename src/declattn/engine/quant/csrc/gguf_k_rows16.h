@@ -1,0 +1,268 @@
+// Q4_K and Q6_K with their rows regrouped by sixteen at load (``gguf_repack``), for CPUs
+// with AVX-512 VNNI: one 32-bit lane of a 512-bit register is one weight row, as in
+// gguf_rows16_vnni.h.
+//
+// Why: the AVX2 kernels read a K-format row alone and spend most of their work summing
+// each group's products across lanes (``hadd`` trees) and unpacking its scales before
+// they can scale them. qwen2.5-0.5b's down matrices are these formats (twelve Q4_K, twelve
+// Q6_K; 72 MB a step), and on the 2-core AVX-512 Xeon guest the AVX2 kernels ran them at
+// 18-21 GB/s on one thread with the matrix in cache. Regrouped: Q4_K 31 GB/s, Q6_K 24
+// (69 and 56 on two threads). In a 32K DA focus step on two threads the downs took
+// 2.36-2.51 ms against 2.80-2.86, the step 17.30-17.73 ms against 17.76-18.09 (three
+// alternated pairs of fresh processes, 2026-12-05; docs/benchmarks.md).
+//
+// The prefetch goes with the loads, a line ahead for each line read. Prefetching a whole
+// super-block's lines at its start (``prefetch_block`` of 2-3 KB, as the 32-value layouts
+// do per 320-512 bytes) made the same kernels slower in the step than the AVX2 ones
+// (downs 2.98-3.09 ms): a burst of 36-53 prefetches at once, where the stream wants them
+// spread.
+//
+// The float work per row is the file layout's kernel's, in its order (dot_q4_k's and
+// dot_q6_k's eight accumulator lanes, fed and summed as they are there), so the results
+// are the same bit for bit (tests/engine/test_quant_kernel.py). Rows past the last whole
+// group stay in the file's layout. Every byte of the file's rows is kept, only moved.
+
+#pragma once
+
+#include "gguf_rows16_vnni.h"
+
+#if defined(GGUF_ROWS16)
+
+namespace gguf {
+
+// --- Q6_K ----------------------------------------------------------------------------------
+//
+// Per super-block of 256 columns (3,360 bytes, as many as the file's sixteen rows):
+//   d[16]          fp16 scale of each row (32 bytes);
+//   sc[16][16]     per group of 16 columns, the sixteen rows' int8 scales (256 bytes);
+//   qh[2][8][64]   half h, chunk s: bytes 4r .. 4r + 3 are row r's high-bit bytes
+//                  32h + 4s .. 32h + 4s + 3 (1,024 bytes);
+//   ql[2][2][8][64] half h, part p, chunk s: bytes 4r .. 4r + 3 are row r's low-bit bytes
+//                  64h + 32p + 4s .. + 3 (2,048 bytes).
+// Every byte keeps its meaning in the file (low nibble, high nibble, two high bits per
+// value): a chunk of low bits and its high bits give four columns of sixteen rows, the
+// unsigned side of ``vpdpbusd``, codes plus 32 as stored. Each group's exact integer sum,
+// less 32 times the activations' sum, is times its scale.
+
+constexpr int64_t kQ6_K_R16 = 2014;  // our id, not a GGUF type
+
+namespace q6k16 {
+constexpr int64_t kBlock = 210, kGroup = 16 * kBlock;
+constexpr int64_t kScales = 32, kHigh = 288, kLow = 1312;  // offsets in a super-block
+}  // namespace q6k16
+
+inline void regroup_q6_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+  using namespace q6k16;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* g = dst + kGroup * b;
+    for (int r = 0; r < 16; ++r) {
+      const uint8_t* blk = src + r * row_bytes + kBlock * b;
+      std::memcpy(g + 2 * r, blk + 208, 2);
+      for (int j = 0; j < 16; ++j) g[kScales + 16 * j + r] = blk[192 + j];
+      for (int h = 0; h < 2; ++h)
+        for (int s = 0; s < 8; ++s) {
+          std::memcpy(g + kHigh + 64 * (8 * h + s) + 4 * r, blk + 128 + 32 * h + 4 * s, 4);
+          for (int p = 0; p < 2; ++p)
+            std::memcpy(g + kLow + 64 * (16 * h + 8 * p + s) + 4 * r,
+                        blk + 64 * h + 32 * p + 4 * s, 4);
+        }
+    }
+  }
+}
+
+inline void ungroup_q6_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+  using namespace q6k16;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* g = src + kGroup * b;
+    for (int r = 0; r < 16; ++r) {
+      uint8_t* blk = dst + r * row_bytes + kBlock * b;
+      std::memcpy(blk + 208, g + 2 * r, 2);
+      for (int j = 0; j < 16; ++j) blk[192 + j] = g[kScales + 16 * j + r];
+      for (int h = 0; h < 2; ++h)
+        for (int s = 0; s < 8; ++s) {
+          std::memcpy(blk + 128 + 32 * h + 4 * s, g + kHigh + 64 * (8 * h + s) + 4 * r, 4);
+          for (int p = 0; p < 2; ++p)
+            std::memcpy(blk + 64 * h + 32 * p + 4 * s,
+                        g + kLow + 64 * (16 * h + 8 * p + s) + 4 * r, 4);
+        }
+    }
+  }
+}
+
+// The sixteen groups' integer sums of one super-block, codes as stored (plus 32).
+inline void q6_k_sums16(const uint8_t* g, const int8_t* xq, __m512i* sums) {
+  using namespace q6k16;
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
+  for (int j = 0; j < 16; ++j) sums[j] = _mm512_setzero_si512();
+  for (int h = 0; h < 2; ++h)
+    for (int s = 0; s < 8; ++s) {
+      const uint8_t* ahead = g + kRows16Ahead;
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + kHigh + 64 * (8 * h + s)), _MM_HINT_T0);
+      const __m512i hb = _mm512_loadu_si512(g + kHigh + 64 * (8 * h + s));
+      for (int p = 0; p < 2; ++p) {
+        _mm_prefetch(reinterpret_cast<const char*>(ahead + kLow + 64 * (16 * h + 8 * p + s)),
+                     _MM_HINT_T0);
+        const __m512i l = _mm512_loadu_si512(g + kLow + 64 * (16 * h + 8 * p + s));
+        const __m512i top_lo =
+            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * p), m2), 4);
+        const __m512i top_hi =
+            _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 4 + 2 * p), m2), 4);
+        const __m512i lo = _mm512_ternarylogic_epi32(l, m4, top_lo, 0xEA);  // (l & m4) | top
+        const __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(l, 4), m4, top_hi, 0xEA);
+        const int col = 128 * h + 32 * p + 4 * s;  // lo's first column; hi's is 64 on
+        sums[col / 16] = _mm512_dpbusd_epi32(sums[col / 16], lo, x4(xq + col));
+        sums[col / 16 + 4] = _mm512_dpbusd_epi32(sums[col / 16 + 4], hi, x4(xq + col + 64));
+      }
+    }
+}
+
+// One group of sixteen Q6_K rows . one activation row -> out[16].
+inline void group16_q6_k(const uint8_t* w, const Q8Row& x, int64_t nb, float* out) {
+  using namespace q6k16;
+  __m512 acc[8];  // acc[a]: lane a of dot_q6_k's accumulator, for each of the sixteen rows
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* g = w + kGroup * b;
+    prefetch_block<kHigh>(g);
+    __m512i sums[16];
+    q6_k_sums16(g, x.q + 256 * b, sums);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
+    for (int half = 0; half < 2; ++half)
+      for (int a = 0; a < 8; ++a) {  // lane a of a half: group 8 half + 2 (a % 4) + a / 4
+        const int j = 8 * half + 2 * (a % 4) + a / 4;
+        const __m512i sc = _mm512_cvtepi8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kScales + 16 * j)));
+        const __m512i v = _mm512_mullo_epi32(
+            _mm512_sub_epi32(sums[j], _mm512_set1_epi32(x.bsum[16 * b + j] << 5)), sc);
+        const __m512 dx = _mm512_mul_ps(d, _mm512_set1_ps(x.d[8 * b + 4 * half + a % 4]));
+        acc[a] = _mm512_fmadd_ps(dx, _mm512_cvtepi32_ps(v), acc[a]);
+      }
+  }
+  // dot_q6_k's hsum: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
+  const __m512 even = _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6]));
+  const __m512 odd = _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7]));
+  _mm512_storeu_ps(out, _mm512_add_ps(even, odd));
+}
+
+// ``rows`` rows from a tile start: whole groups regrouped, the rest in the file's layout.
+inline void dot_q6_k_r16(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x,
+                         int64_t nb, float* out) {
+  int64_t r = 0;
+  for (; r + 16 <= rows; r += 16) group16_q6_k(w + r * row_bytes, x, nb, out + r);
+  for (; r < rows; ++r) out[r] = dot_q6_k(w + r * row_bytes, x, nb);
+}
+
+// --- Q4_K ----------------------------------------------------------------------------------
+//
+// Per super-block of 256 columns (2,304 bytes, as many as the file's sixteen rows):
+//   d[16], dmin[16]   fp16, each row's (64 bytes);
+//   u[3][16]          the file's twelve scale bytes of each row as three 32-bit words,
+//                     word k of the sixteen rows together (192 bytes);
+//   qs[4][8][64]      chunk c, slice s: bytes 4r .. 4r + 3 are row r's nibble bytes
+//                     32c + 4s .. + 3 (low nibbles: group 2c's columns 4s .. 4s + 3, high
+//                     ones group 2c + 1's) (2,048 bytes).
+
+constexpr int64_t kQ4_K_R16 = 2012;  // our id, not a GGUF type
+
+namespace q4k16 {
+constexpr int64_t kBlock = 144, kGroup = 16 * kBlock;
+constexpr int64_t kWords = 64, kCodes = 256;  // offsets in a super-block
+}  // namespace q4k16
+
+inline void regroup_q4_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+  using namespace q4k16;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t* g = dst + kGroup * b;
+    for (int r = 0; r < 16; ++r) {
+      const uint8_t* blk = src + r * row_bytes + kBlock * b;
+      std::memcpy(g + 2 * r, blk, 2);
+      std::memcpy(g + 32 + 2 * r, blk + 2, 2);
+      for (int k = 0; k < 3; ++k) std::memcpy(g + kWords + 64 * k + 4 * r, blk + 4 + 4 * k, 4);
+      for (int c = 0; c < 4; ++c)
+        for (int s = 0; s < 8; ++s)
+          std::memcpy(g + kCodes + 64 * (8 * c + s) + 4 * r, blk + 16 + 32 * c + 4 * s, 4);
+    }
+  }
+}
+
+inline void ungroup_q4_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+  using namespace q4k16;
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* g = src + kGroup * b;
+    for (int r = 0; r < 16; ++r) {
+      uint8_t* blk = dst + r * row_bytes + kBlock * b;
+      std::memcpy(blk, g + 2 * r, 2);
+      std::memcpy(blk + 2, g + 32 + 2 * r, 2);
+      for (int k = 0; k < 3; ++k) std::memcpy(blk + 4 + 4 * k, g + kWords + 64 * k + 4 * r, 4);
+      for (int c = 0; c < 4; ++c)
+        for (int s = 0; s < 8; ++s)
+          std::memcpy(blk + 16 + 32 * c + 4 * s, g + kCodes + 64 * (8 * c + s) + 4 * r, 4);
+    }
+  }
+}
+
+// Byte ``j`` (0-7) of the eight 6-bit scales (``mins``: of the mins) of sixteen rows, as
+// q4_k_scales unpacks them from the words u0, u1, u2.
+inline __m512i q4_k_scale16(const __m512i* u, int j, bool mins) {
+  const __m512i m6 = _mm512_set1_epi32(0x3F), m4 = _mm512_set1_epi32(0x0F),
+                m2 = _mm512_set1_epi32(0x03);
+  const __m512i lo = u[mins ? 1 : 0];
+  if (j < 4) return _mm512_and_si512(_mm512_srli_epi32(lo, 8 * j), m6);
+  const int k = 8 * (j - 4);
+  const __m512i low4 = _mm512_and_si512(_mm512_srli_epi32(u[2], k + (mins ? 4 : 0)), m4);
+  const __m512i top2 = _mm512_and_si512(_mm512_srli_epi32(lo, k + 6), m2);
+  return _mm512_or_si512(low4, _mm512_slli_epi32(top2, 4));
+}
+
+// One group of sixteen Q4_K rows . one activation row -> out[16].
+inline void group16_q4_k(const uint8_t* w, const Q8Row& x, int64_t nb, float* out) {
+  using namespace q4k16;
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[8];  // acc[j]: lane j of dot_q4_k's accumulator (group j), for sixteen rows
+  for (__m512& a : acc) a = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* g = w + kGroup * b;
+    prefetch_block<kCodes>(g);
+    const int8_t* xq = x.q + 256 * b;
+    __m512i sums[8];
+    for (int c = 0; c < 4; ++c) {
+      sums[2 * c] = sums[2 * c + 1] = _mm512_setzero_si512();
+      for (int s = 0; s < 8; ++s) {
+        _mm_prefetch(reinterpret_cast<const char*>(g + kCodes + 64 * (8 * c + s) + kRows16Ahead),
+                     _MM_HINT_T0);
+        const __m512i v = _mm512_loadu_si512(g + kCodes + 64 * (8 * c + s));
+        sums[2 * c] = _mm512_dpbusd_epi32(sums[2 * c], _mm512_and_si512(v, m4),
+                                          x4(xq + 64 * c + 4 * s));
+        sums[2 * c + 1] = _mm512_dpbusd_epi32(
+            sums[2 * c + 1], _mm512_and_si512(_mm512_srli_epi16(v, 4), m4),
+            x4(xq + 64 * c + 32 + 4 * s));
+      }
+    }
+    const __m512i u[3] = {_mm512_loadu_si512(g + kWords), _mm512_loadu_si512(g + kWords + 64),
+                          _mm512_loadu_si512(g + kWords + 128)};
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
+    const __m512 dmin =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32)));
+    for (int j = 0; j < 8; ++j) {
+      const __m512 dx = _mm512_set1_ps(x.d[8 * b + j]);
+      const __m512i main = _mm512_mullo_epi32(sums[j], q4_k_scale16(u, j, false));
+      acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(main), acc[j]);
+      const __m512i off =
+          _mm512_mullo_epi32(_mm512_set1_epi32(x.isum[8 * b + j]), q4_k_scale16(u, j, true));
+      acc[j] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(off), acc[j]);
+    }
+  }
+  const __m512 even = _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6]));
+  const __m512 odd = _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7]));
+  _mm512_storeu_ps(out, _mm512_add_ps(even, odd));
+}
+
+inline void dot_q4_k_r16(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x,
+                         int64_t nb, float* out) {
+  int64_t r = 0;
+  for (; r + 16 <= rows; r += 16) group16_q4_k(w + r * row_bytes, x, nb, out + r);
+  for (; r < rows; ++r) out[r] = dot_q4_k(w + r * row_bytes, x, nb);
+}
+
+}  // namespace gguf
+#endif
