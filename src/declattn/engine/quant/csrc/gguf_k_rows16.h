@@ -30,6 +30,25 @@
 
 namespace gguf {
 
+// The eight accumulator lanes of sixteen rows summed as dot_q4_k's and dot_q6_k's hsum
+// does, ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)), so the results match bit for bit.
+inline void store_lanes8(const __m512* acc, float* out) {
+  const __m512 even = _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6]));
+  const __m512 odd = _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7]));
+  _mm512_storeu_ps(out, _mm512_add_ps(even, odd));
+}
+
+// ``rows`` rows from a tile start: whole groups of sixteen by ``Group``, the rest (kept in
+// the file's layout) by the file's ``Row`` kernel.
+template <void (*Group)(const uint8_t*, const Q8Row&, int64_t, float*),
+          float (*Row)(const uint8_t*, const Q8Row&, int64_t)>
+inline void by_groups16(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x,
+                        int64_t nb, float* out) {
+  int64_t r = 0;
+  for (; r + 16 <= rows; r += 16) Group(w + r * row_bytes, x, nb, out + r);
+  for (; r < rows; ++r) out[r] = Row(w + r * row_bytes, x, nb);
+}
+
 // --- Q6_K ----------------------------------------------------------------------------------
 //
 // Per super-block of 256 columns (3,360 bytes, as many as the file's sixteen rows):
@@ -51,42 +70,35 @@ constexpr int64_t kBlock = 210, kGroup = 16 * kBlock;
 constexpr int64_t kScales = 32, kHigh = 288, kLow = 1312;  // offsets in a super-block
 }  // namespace q6k16
 
-inline void regroup_q6_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+// The file's sixteen rows ``rows`` <-> the regrouped super-blocks ``g``, one layout
+// description for both directions (``ToGroups``: rows -> groups).
+template <bool ToGroups>
+inline void move_q6_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
   using namespace q6k16;
-  for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* g = dst + kGroup * b;
+  for (int64_t b = 0; b < nb; ++b)
     for (int r = 0; r < 16; ++r) {
-      const uint8_t* blk = src + r * row_bytes + kBlock * b;
-      std::memcpy(g + 2 * r, blk + 208, 2);
-      for (int j = 0; j < 16; ++j) g[kScales + 16 * j + r] = blk[192 + j];
+      const int64_t g = kGroup * b, blk = r * row_bytes + kBlock * b;
+      auto mv = [&](int64_t at_g, int64_t at_blk, size_t n) {
+        if (ToGroups) std::memcpy(dst + g + at_g, src + blk + at_blk, n);
+        else std::memcpy(dst + blk + at_blk, src + g + at_g, n);
+      };
+      mv(2 * r, 208, 2);
+      for (int j = 0; j < 16; ++j) mv(kScales + 16 * j + r, 192 + j, 1);
       for (int h = 0; h < 2; ++h)
         for (int s = 0; s < 8; ++s) {
-          std::memcpy(g + kHigh + 64 * (8 * h + s) + 4 * r, blk + 128 + 32 * h + 4 * s, 4);
+          mv(kHigh + 64 * (8 * h + s) + 4 * r, 128 + 32 * h + 4 * s, 4);
           for (int p = 0; p < 2; ++p)
-            std::memcpy(g + kLow + 64 * (16 * h + 8 * p + s) + 4 * r,
-                        blk + 64 * h + 32 * p + 4 * s, 4);
+            mv(kLow + 64 * (16 * h + 8 * p + s) + 4 * r, 64 * h + 32 * p + 4 * s, 4);
         }
     }
-  }
+}
+
+inline void regroup_q6_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+  move_q6_k_r16<true>(src, row_bytes, nb, dst);
 }
 
 inline void ungroup_q6_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
-  using namespace q6k16;
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* g = src + kGroup * b;
-    for (int r = 0; r < 16; ++r) {
-      uint8_t* blk = dst + r * row_bytes + kBlock * b;
-      std::memcpy(blk + 208, g + 2 * r, 2);
-      for (int j = 0; j < 16; ++j) blk[192 + j] = g[kScales + 16 * j + r];
-      for (int h = 0; h < 2; ++h)
-        for (int s = 0; s < 8; ++s) {
-          std::memcpy(blk + 128 + 32 * h + 4 * s, g + kHigh + 64 * (8 * h + s) + 4 * r, 4);
-          for (int p = 0; p < 2; ++p)
-            std::memcpy(blk + 64 * h + 32 * p + 4 * s,
-                        g + kLow + 64 * (16 * h + 8 * p + s) + 4 * r, 4);
-        }
-    }
-  }
+  move_q6_k_r16<false>(src, row_bytes, nb, dst);
 }
 
 // The sixteen groups' integer sums of one super-block, codes as stored (plus 32).
@@ -138,18 +150,12 @@ inline void group16_q6_k(const uint8_t* w, const Q8Row& x, int64_t nb, float* ou
         acc[a] = _mm512_fmadd_ps(dx, _mm512_cvtepi32_ps(v), acc[a]);
       }
   }
-  // dot_q6_k's hsum: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7))
-  const __m512 even = _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6]));
-  const __m512 odd = _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7]));
-  _mm512_storeu_ps(out, _mm512_add_ps(even, odd));
+  store_lanes8(acc, out);
 }
 
-// ``rows`` rows from a tile start: whole groups regrouped, the rest in the file's layout.
 inline void dot_q6_k_r16(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x,
                          int64_t nb, float* out) {
-  int64_t r = 0;
-  for (; r + 16 <= rows; r += 16) group16_q6_k(w + r * row_bytes, x, nb, out + r);
-  for (; r < rows; ++r) out[r] = dot_q6_k(w + r * row_bytes, x, nb);
+  by_groups16<group16_q6_k, dot_q6_k>(w, row_bytes, rows, x, nb, out);
 }
 
 // --- Q4_K ----------------------------------------------------------------------------------
@@ -169,36 +175,30 @@ constexpr int64_t kBlock = 144, kGroup = 16 * kBlock;
 constexpr int64_t kWords = 64, kCodes = 256;  // offsets in a super-block
 }  // namespace q4k16
 
-inline void regroup_q4_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+template <bool ToGroups>
+inline void move_q4_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
   using namespace q4k16;
-  for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* g = dst + kGroup * b;
+  for (int64_t b = 0; b < nb; ++b)
     for (int r = 0; r < 16; ++r) {
-      const uint8_t* blk = src + r * row_bytes + kBlock * b;
-      std::memcpy(g + 2 * r, blk, 2);
-      std::memcpy(g + 32 + 2 * r, blk + 2, 2);
-      for (int k = 0; k < 3; ++k) std::memcpy(g + kWords + 64 * k + 4 * r, blk + 4 + 4 * k, 4);
+      const int64_t g = kGroup * b, blk = r * row_bytes + kBlock * b;
+      auto mv = [&](int64_t at_g, int64_t at_blk, size_t n) {
+        if (ToGroups) std::memcpy(dst + g + at_g, src + blk + at_blk, n);
+        else std::memcpy(dst + blk + at_blk, src + g + at_g, n);
+      };
+      mv(2 * r, 0, 2);
+      mv(32 + 2 * r, 2, 2);
+      for (int k = 0; k < 3; ++k) mv(kWords + 64 * k + 4 * r, 4 + 4 * k, 4);
       for (int c = 0; c < 4; ++c)
-        for (int s = 0; s < 8; ++s)
-          std::memcpy(g + kCodes + 64 * (8 * c + s) + 4 * r, blk + 16 + 32 * c + 4 * s, 4);
+        for (int s = 0; s < 8; ++s) mv(kCodes + 64 * (8 * c + s) + 4 * r, 16 + 32 * c + 4 * s, 4);
     }
-  }
+}
+
+inline void regroup_q4_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+  move_q4_k_r16<true>(src, row_bytes, nb, dst);
 }
 
 inline void ungroup_q4_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
-  using namespace q4k16;
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* g = src + kGroup * b;
-    for (int r = 0; r < 16; ++r) {
-      uint8_t* blk = dst + r * row_bytes + kBlock * b;
-      std::memcpy(blk, g + 2 * r, 2);
-      std::memcpy(blk + 2, g + 32 + 2 * r, 2);
-      for (int k = 0; k < 3; ++k) std::memcpy(blk + 4 + 4 * k, g + kWords + 64 * k + 4 * r, 4);
-      for (int c = 0; c < 4; ++c)
-        for (int s = 0; s < 8; ++s)
-          std::memcpy(blk + 16 + 32 * c + 4 * s, g + kCodes + 64 * (8 * c + s) + 4 * r, 4);
-    }
-  }
+  move_q4_k_r16<false>(src, row_bytes, nb, dst);
 }
 
 // Byte ``j`` (0-7) of the eight 6-bit scales (``mins``: of the mins) of sixteen rows, as
@@ -252,16 +252,12 @@ inline void group16_q4_k(const uint8_t* w, const Q8Row& x, int64_t nb, float* ou
       acc[j] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(off), acc[j]);
     }
   }
-  const __m512 even = _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6]));
-  const __m512 odd = _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7]));
-  _mm512_storeu_ps(out, _mm512_add_ps(even, odd));
+  store_lanes8(acc, out);
 }
 
 inline void dot_q4_k_r16(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x,
                          int64_t nb, float* out) {
-  int64_t r = 0;
-  for (; r + 16 <= rows; r += 16) group16_q4_k(w + r * row_bytes, x, nb, out + r);
-  for (; r < rows; ++r) out[r] = dot_q4_k(w + r * row_bytes, x, nb);
+  by_groups16<group16_q4_k, dot_q4_k>(w, row_bytes, rows, x, nb, out);
 }
 
 }  // namespace gguf
