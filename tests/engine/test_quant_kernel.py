@@ -161,6 +161,18 @@ def _best(kind: Q) -> int:
     return REGROUPED[groups[0]][kind] if groups else int(kind)
 
 
+def _assert_same_as_the_files(op, ops, blocks, kind, packed, kernel_type, cols):
+    """A regrouped matrix unpacks to the file's blocks, dequantizes to the same values and
+    multiplies to the same outputs, bit for bit, for a few row counts and both dtypes."""
+    assert torch.equal(ops.gguf_unpack(packed, kernel_type), blocks)
+    assert torch.equal(ops.gguf_dequantize(packed, kernel_type, cols),
+                       ops.gguf_dequantize(blocks, kind, cols))
+    for m in (1, 3, 17):
+        for dtype in (torch.float32, torch.bfloat16):
+            x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)).to(dtype)
+            assert torch.equal(op(x, packed, kernel_type), op(x, blocks, kind)), (m, dtype)
+
+
 @pytest.mark.parametrize("group", [8, 16])
 @pytest.mark.parametrize("kind", [Q.Q5_0, Q.Q8_0], ids=lambda k: k.name)
 @pytest.mark.parametrize("rows,cols", [(50, 864), (8, 32), (16, 64), (96, 512), (7, 64)])
@@ -180,13 +192,7 @@ def test_regrouped_layout_gives_the_file_layouts_results_bit_for_bit(op, group, 
         return
     assert kernel_type == REGROUPED[group][kind] and packed.shape == blocks.shape
     assert not torch.equal(packed, blocks)
-    assert torch.equal(ops.gguf_unpack(packed, kernel_type), blocks)
-    assert torch.equal(ops.gguf_dequantize(packed, kernel_type, cols),
-                       ops.gguf_dequantize(blocks, int(kind), cols))
-    for m in (1, 3, 17):
-        for dtype in (torch.float32, torch.bfloat16):
-            x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)).to(dtype)
-            assert torch.equal(op(x, packed, kernel_type), op(x, blocks, int(kind))), (m, dtype)
+    _assert_same_as_the_files(op, ops, blocks, int(kind), packed, kernel_type, cols)
 
 
 @pytest.mark.parametrize("kind", [Q.Q4_K, Q.Q6_K], ids=lambda k: k.name)
@@ -207,13 +213,7 @@ def test_k_formats_regrouped_by_sixteen_give_the_file_layouts_results_bit_for_bi
         return
     assert kernel.REGROUPED[kernel_type] == (kind.name, 16)
     assert packed.shape == blocks.shape and not torch.equal(packed, blocks)
-    assert torch.equal(ops.gguf_unpack(packed, kernel_type), blocks)
-    assert torch.equal(ops.gguf_dequantize(packed, kernel_type, cols),
-                       ops.gguf_dequantize(blocks, int(kind), cols))
-    for m in (1, 3, 17):
-        for dtype in (torch.float32, torch.bfloat16):
-            x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)).to(dtype)
-            assert torch.equal(op(x, packed, kernel_type), op(x, blocks, int(kind))), (m, dtype)
+    _assert_same_as_the_files(op, ops, blocks, int(kind), packed, kernel_type, cols)
     layer = GGUFLinear(blocks, int(kind), cols)
     assert layer.kernel_type == kernel_type and torch.equal(layer.file_blocks(), blocks)
 
