@@ -51,68 +51,82 @@ namespace gguf {
 constexpr int64_t kQ5_0_R16 = 2006;
 constexpr int64_t kQ8_0_R16 = 2008;
 
-// Sixteen GGUF rows at ``src`` (``row_bytes`` apart, ``nb`` blocks
-// each) -> one group at ``dst``; ``ungroup`` is the inverse.
-inline void regroup_q8_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+// The file's sixteen rows (``row_bytes`` apart, ``nb`` blocks each) <-> one group, one
+// layout description for both directions (``ToGroups``: rows -> group). Q8_0's codes move
+// byte by byte (the xor with 0x80 is its own inverse).
+template <bool ToGroups>
+inline void move_q8_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
   for (int64_t b = 0; b < nb; ++b)
     for (int r = 0; r < 16; ++r) {
-      const uint8_t* blk = src + r * row_bytes + b * 34;
-      std::memcpy(dst + 32 * b + 2 * r, blk, 2);
-      uint8_t* qs = dst + 32 * nb + 512 * b + 4 * r;
-      for (int c = 0; c < 32; ++c) qs[64 * (c / 4) + c % 4] = blk[2 + c] ^ 0x80;
+      const int64_t blk = r * row_bytes + b * 34, qs = 32 * nb + 512 * b + 4 * r;
+      auto mv = [&](int64_t at_g, int64_t at_blk, size_t n, uint8_t flip) {
+        const uint8_t* from = ToGroups ? src + blk + at_blk : src + at_g;
+        uint8_t* to = ToGroups ? dst + at_g : dst + blk + at_blk;
+        for (size_t i = 0; i < n; ++i) to[i] = from[i] ^ flip;
+      };
+      mv(32 * b + 2 * r, 0, 2, 0);
+      for (int c = 0; c < 32; ++c) mv(qs + 64 * (c / 4) + c % 4, 2 + c, 1, 0x80);
     }
+}
+
+// Q5_0's 5-bit value of column c (0..31) in a file block (d, qh, qs: 22 bytes) and in a
+// group's block (hb, qs: 320 bytes; row r, column c = 8 * chunk + 4 * half + i), read and
+// or-ed in bit by bit.
+namespace q5_0_16 {
+inline int file(const uint8_t* blk, int c) {
+  const int nibble = c < 16 ? blk[6 + c] & 0xF : blk[6 + c - 16] >> 4;
+  return nibble | (((blk[2 + c / 8] >> (c % 8)) & 1) << 4);
+}
+inline void set_file(uint8_t* blk, int c, int v) {
+  blk[6 + c % 16] |= (v & 0xF) << (c < 16 ? 0 : 4);
+  blk[2 + c / 8] |= ((v >> 4) & 1) << (c % 8);
+}
+inline int group(const uint8_t* grp, int r, int c) {
+  const int chunk = c / 8, half = (c / 4) % 2, k = 4 * r + c % 4;
+  const int lo = (grp[64 + 64 * chunk + k] >> (4 * half)) & 0xF;
+  return lo | (((grp[16 * chunk + 8 * half + k / 8] >> (k % 8)) & 1) << 4);
+}
+inline void set_group(uint8_t* grp, int r, int c, int v) {
+  const int chunk = c / 8, half = (c / 4) % 2, k = 4 * r + c % 4;
+  grp[64 + 64 * chunk + k] |= (v & 0xF) << (4 * half);
+  grp[16 * chunk + 8 * half + k / 8] |= ((v >> 4) & 1) << (k % 8);
+}
+}  // namespace q5_0_16
+
+template <bool ToGroups>
+inline void move_q5_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+  using namespace q5_0_16;
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t grp = 32 * nb + 320 * b;
+    if (ToGroups) std::memset(dst + grp, 0, 320);
+    for (int r = 0; r < 16; ++r) {
+      const int64_t blk = r * row_bytes + b * 22, d = 32 * b + 2 * r;
+      if (ToGroups) {
+        std::memcpy(dst + d, src + blk, 2);
+        for (int c = 0; c < 32; ++c) set_group(dst + grp, r, c, file(src + blk, c));
+      } else {
+        std::memcpy(dst + blk, src + d, 2);
+        std::memset(dst + blk + 2, 0, 20);
+        for (int c = 0; c < 32; ++c) set_file(dst + blk, c, group(src + grp, r, c));
+      }
+    }
+  }
+}
+
+inline void regroup_q8_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+  move_q8_0_r16<true>(src, row_bytes, nb, dst);
 }
 
 inline void ungroup_q8_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
-  for (int64_t b = 0; b < nb; ++b)
-    for (int r = 0; r < 16; ++r) {
-      uint8_t* blk = dst + r * row_bytes + b * 34;
-      std::memcpy(blk, src + 32 * b + 2 * r, 2);
-      const uint8_t* qs = src + 32 * nb + 512 * b + 4 * r;
-      for (int c = 0; c < 32; ++c) blk[2 + c] = qs[64 * (c / 4) + c % 4] ^ 0x80;
-    }
+  move_q8_0_r16<false>(src, row_bytes, nb, dst);
 }
 
 inline void regroup_q5_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
-  for (int64_t b = 0; b < nb; ++b) {
-    uint8_t* hb = dst + 32 * nb + 320 * b;
-    uint8_t* qs = hb + 64;
-    std::memset(hb, 0, 320);
-    for (int r = 0; r < 16; ++r) {
-      const uint8_t* blk = src + r * row_bytes + b * 22;
-      std::memcpy(dst + 32 * b + 2 * r, blk, 2);
-      uint32_t qh;
-      std::memcpy(&qh, blk + 2, 4);
-      for (int c = 0; c < 32; ++c) {  // column c = 8 * chunk + 4 * half + i, 5-bit value v
-        const int nibble = c < 16 ? blk[6 + c] & 0xF : blk[6 + c - 16] >> 4;
-        const int chunk = c / 8, half = (c / 4) % 2, i = c % 4;
-        const int v = nibble | (((qh >> c) & 1) << 4);
-        qs[64 * chunk + 4 * r + i] |= (v & 0xF) << (4 * half);
-        hb[16 * chunk + 8 * half + (4 * r + i) / 8] |= ((v >> 4) & 1) << ((4 * r + i) % 8);
-      }
-    }
-  }
+  move_q5_0_r16<true>(src, row_bytes, nb, dst);
 }
 
 inline void ungroup_q5_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* hb = src + 32 * nb + 320 * b;
-    const uint8_t* qs = hb + 64;
-    for (int r = 0; r < 16; ++r) {
-      uint8_t* blk = dst + r * row_bytes + b * 22;
-      std::memcpy(blk, src + 32 * b + 2 * r, 2);
-      uint32_t qh = 0;
-      std::memset(blk + 6, 0, 16);
-      for (int c = 0; c < 32; ++c) {
-        const int chunk = c / 8, half = (c / 4) % 2, i = c % 4;
-        const int lo = (qs[64 * chunk + 4 * r + i] >> (4 * half)) & 0xF;
-        const int hi = (hb[16 * chunk + 8 * half + (4 * r + i) / 8] >> ((4 * r + i) % 8)) & 1;
-        qh |= uint32_t(hi) << c;
-        blk[6 + c % 16] |= lo << (c < 16 ? 0 : 4);
-      }
-      std::memcpy(blk + 2, &qh, 4);
-    }
-  }
+  move_q5_0_r16<false>(src, row_bytes, nb, dst);
 }
 
 #if defined(GGUF_ROWS16)
