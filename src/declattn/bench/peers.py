@@ -130,20 +130,26 @@ def gguf_bytes_per_step(path: Path) -> int:
     return sum(tensors.values())
 
 
-def _prompt(engine: Engine, context: int, cfg: PeersConfig) -> tuple[dict, list[int], int]:
+def _prompt(
+    tok: Any, max_positions: int, context: int, cfg: PeersConfig
+) -> tuple[dict, list[int], int]:
     """DA and vanilla sessions over a ``context``-token document, and the forced output:
-    a focus tag on the fact's chunk, then filler."""
-    tok = engine.tokenizer
+    a focus tag on the fact's chunk, then filler. The prompt and the forced output fit
+    ``max_positions`` (32,768 for Qwen2.5)."""
     target = max(256, round(context * cfg.focus_share))
     opts = dict(target=target, cap=target + target // 4, constrain=False, runaway=False)
     need = WARMUP_STEPS + len(cfg.threads) * cfg.repeats * cfg.decode_tokens + 8
-    # the prompt and the forced output must fit the model's positions (32,768 for Qwen2.5)
-    length = min(context, engine.loaded.config.max_position_embeddings - need - 64)
+    length = min(context, max_positions - need - 64)  # 64: room for the focus tag
     doc = length
-    for _ in range(2):  # the second pass takes the scaffold's tokens off the document
+    for _ in range(8):  # take the scaffold's tokens, and any last paragraph's, off the doc
         text = repeated_essay(tok, doc)
         da = DASession(tok, text, QUESTION, DAOptions(**opts), cfg.block_size)
-        doc -= len(da.prompt_ids) - length
+        over = len(da.prompt_ids) - length
+        if over <= 0:
+            break
+        doc -= over
+    else:
+        raise AssertionError(f"no document of {context:,} tokens fits {max_positions:,}")
     sessions = {
         "da": da,
         "vanilla": DASession(
@@ -225,7 +231,8 @@ def run_context(
     engine: Engine, worker: LlamaWorker | None, context: int, cfg: PeersConfig, log
 ) -> dict[str, Any]:
     """Every arm at one context length: prefills, then interleaved decode blocks."""
-    sessions, tokens, tag_len = _prompt(engine, context, cfg)
+    limit = engine.loaded.config.max_position_embeddings
+    sessions, tokens, tag_len = _prompt(engine.tokenizer, limit, context, cfg)
     prompt = sessions["da"].prompt_ids
     if sessions["vanilla"].prompt_ids != prompt:
         raise AssertionError("the two declattn arms must share one prompt")

@@ -1,0 +1,30 @@
+"""``bench peers``' prompt: the document, the scaffold and the forced output fit the
+model's positions whatever the timed tokens (a 32K run with more repeats once asked for
+more positions than Qwen2.5 has)."""
+
+from __future__ import annotations
+
+import pytest
+
+from declattn.bench.peers import PeersConfig, _prompt
+
+
+@pytest.mark.parametrize(
+    ("context", "repeats", "decode_tokens", "limit"),
+    [(4096, 3, 16, 32768), (8192, 9, 25, 8192), (8192, 3, 16, 8192), (6000, 2, 40, 6300)],
+)
+def test_the_prompt_and_the_forced_output_fit_the_positions(
+    smol_tokenizer, context, repeats, decode_tokens, limit
+):
+    cfg = PeersConfig(contexts=(context,), threads=(1, 2), repeats=repeats,
+                      decode_tokens=decode_tokens)
+    sessions, tokens, tag_len = _prompt(smol_tokenizer, limit, context, cfg)
+    prompt = sessions["da"].prompt_ids
+    assert sessions["vanilla"].prompt_ids == prompt
+    assert len(prompt) + len(tokens) <= limit
+    assert len(prompt) <= context
+    assert len(prompt) > 0.9 * min(context, limit - len(tokens))  # not shrunk needlessly
+    timed = 2 * repeats * decode_tokens
+    assert len(tokens) - tag_len >= timed  # the warm-up and every timed block
+    tag = smol_tokenizer.decode(tokens[:tag_len])
+    assert tag.startswith("<focus magic_chunks=")
