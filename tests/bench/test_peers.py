@@ -28,3 +28,9 @@ def test_the_prompt_and_the_forced_output_fit_the_positions(
     assert len(tokens) - tag_len >= timed  # the warm-up and every timed block
     tag = smol_tokenizer.decode(tokens[:tag_len])
     assert tag.startswith("<focus magic_chunks=")
+
+
+def test_too_many_decoded_tokens_for_the_positions_is_a_clear_error(smol_tokenizer):
+    cfg = PeersConfig(contexts=(4096,), threads=(1, 2), repeats=200, decode_tokens=16)
+    with pytest.raises(ValueError, match="leave no room for a document"):
+        _prompt(smol_tokenizer, 4096, 4096, cfg)

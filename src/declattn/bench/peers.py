@@ -140,6 +140,11 @@ def _prompt(
     opts = dict(target=target, cap=target + target // 4, constrain=False, runaway=False)
     need = WARMUP_STEPS + len(cfg.threads) * cfg.repeats * cfg.decode_tokens + 8
     length = min(context, max_positions - need - 64)  # 64: room for the focus tag
+    if length < 256:
+        raise ValueError(
+            f"{need:,} decoded tokens (--repeats x --decode-tokens per thread "
+            f"count) leave no room for a document in the model's {max_positions:,} positions"
+        )
     doc = length
     for _ in range(8):  # take the scaffold's tokens, and any last paragraph's, off the doc
         text = repeated_essay(tok, doc)

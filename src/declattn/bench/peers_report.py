@@ -96,7 +96,11 @@ def markdown(result: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config(args)
-    result = run_peers(cfg, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        result = run_peers(cfg, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except ValueError as e:
+        print(f"declattn bench peers: {e}", file=sys.stderr)
+        return 2
     result["command"] = shlex.join(["declattn", *sys.argv[1:]])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
