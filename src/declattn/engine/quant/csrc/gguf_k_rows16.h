@@ -70,27 +70,21 @@ constexpr int64_t kBlock = 210, kGroup = 16 * kBlock;
 constexpr int64_t kScales = 32, kHigh = 288, kLow = 1312;  // offsets in a super-block
 }  // namespace q6k16
 
-// The file's sixteen rows ``rows`` <-> the regrouped super-blocks ``g``, one layout
-// description for both directions (``ToGroups``: rows -> groups).
+// The file's sixteen rows <-> the regrouped super-blocks, one layout description for both
+// directions (``move_rows16``).
 template <bool ToGroups>
 inline void move_q6_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
   using namespace q6k16;
-  for (int64_t b = 0; b < nb; ++b)
-    for (int r = 0; r < 16; ++r) {
-      const int64_t g = kGroup * b, blk = r * row_bytes + kBlock * b;
-      auto mv = [&](int64_t at_g, int64_t at_blk, size_t n) {
-        if (ToGroups) std::memcpy(dst + g + at_g, src + blk + at_blk, n);
-        else std::memcpy(dst + blk + at_blk, src + g + at_g, n);
-      };
-      mv(2 * r, 208, 2);
-      for (int j = 0; j < 16; ++j) mv(kScales + 16 * j + r, 192 + j, 1);
-      for (int h = 0; h < 2; ++h)
-        for (int s = 0; s < 8; ++s) {
-          mv(kHigh + 64 * (8 * h + s) + 4 * r, 128 + 32 * h + 4 * s, 4);
-          for (int p = 0; p < 2; ++p)
-            mv(kLow + 64 * (16 * h + 8 * p + s) + 4 * r, 64 * h + 32 * p + 4 * s, 4);
-        }
-    }
+  move_rows16<ToGroups>(src, row_bytes, nb, dst, kBlock, kGroup, [](auto& mv, int64_t, int r) {
+    mv(2 * r, 208, 2);
+    for (int j = 0; j < 16; ++j) mv(kScales + 16 * j + r, 192 + j, 1);
+    for (int h = 0; h < 2; ++h)
+      for (int s = 0; s < 8; ++s) {
+        mv(kHigh + 64 * (8 * h + s) + 4 * r, 128 + 32 * h + 4 * s, 4);
+        for (int p = 0; p < 2; ++p)
+          mv(kLow + 64 * (16 * h + 8 * p + s) + 4 * r, 64 * h + 32 * p + 4 * s, 4);
+      }
+  });
 }
 
 inline void regroup_q6_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
@@ -178,19 +172,13 @@ constexpr int64_t kWords = 64, kCodes = 256;  // offsets in a super-block
 template <bool ToGroups>
 inline void move_q4_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
   using namespace q4k16;
-  for (int64_t b = 0; b < nb; ++b)
-    for (int r = 0; r < 16; ++r) {
-      const int64_t g = kGroup * b, blk = r * row_bytes + kBlock * b;
-      auto mv = [&](int64_t at_g, int64_t at_blk, size_t n) {
-        if (ToGroups) std::memcpy(dst + g + at_g, src + blk + at_blk, n);
-        else std::memcpy(dst + blk + at_blk, src + g + at_g, n);
-      };
-      mv(2 * r, 0, 2);
-      mv(32 + 2 * r, 2, 2);
-      for (int k = 0; k < 3; ++k) mv(kWords + 64 * k + 4 * r, 4 + 4 * k, 4);
-      for (int c = 0; c < 4; ++c)
-        for (int s = 0; s < 8; ++s) mv(kCodes + 64 * (8 * c + s) + 4 * r, 16 + 32 * c + 4 * s, 4);
-    }
+  move_rows16<ToGroups>(src, row_bytes, nb, dst, kBlock, kGroup, [](auto& mv, int64_t, int r) {
+    mv(2 * r, 0, 2);
+    mv(32 + 2 * r, 2, 2);
+    for (int k = 0; k < 3; ++k) mv(kWords + 64 * k + 4 * r, 4 + 4 * k, 4);
+    for (int c = 0; c < 4; ++c)
+      for (int s = 0; s < 8; ++s) mv(kCodes + 64 * (8 * c + s) + 4 * r, 16 + 32 * c + 4 * s, 4);
+  });
 }
 
 inline void regroup_q4_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {

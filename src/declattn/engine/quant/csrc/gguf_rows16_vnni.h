@@ -51,22 +51,37 @@ namespace gguf {
 constexpr int64_t kQ5_0_R16 = 2006;
 constexpr int64_t kQ8_0_R16 = 2008;
 
-// The file's sixteen rows (``row_bytes`` apart, ``nb`` blocks each) <-> one group, one
-// layout description for both directions (``ToGroups``: rows -> group). Q8_0's codes move
-// byte by byte (the xor with 0x80 is its own inverse).
-template <bool ToGroups>
-inline void move_q8_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+// The file's sixteen rows (``row_bytes`` apart, ``nb`` blocks of ``block`` bytes each) <->
+// one group, one layout description for both directions (``ToGroups``: rows -> group).
+// For every block b and row r, ``layout(mv, b, r)`` names where each piece of row r's
+// block lies in the group: mv(at_g, at_blk, n, flip) moves n bytes between the group's
+// offset ``group * b + at_g`` and the block's offset at_blk, each xor ``flip`` (its own
+// inverse). Used by the layouts that move whole bytes (Q8_0 here, Q4_K and Q6_K in
+// gguf_k_rows16.h).
+template <bool ToGroups, typename Layout>
+inline void move_rows16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst,
+                        int64_t block, int64_t group, Layout&& layout) {
   for (int64_t b = 0; b < nb; ++b)
     for (int r = 0; r < 16; ++r) {
-      const int64_t blk = r * row_bytes + b * 34, qs = 32 * nb + 512 * b + 4 * r;
-      auto mv = [&](int64_t at_g, int64_t at_blk, size_t n, uint8_t flip) {
-        const uint8_t* from = ToGroups ? src + blk + at_blk : src + at_g;
-        uint8_t* to = ToGroups ? dst + at_g : dst + blk + at_blk;
-        for (size_t i = 0; i < n; ++i) to[i] = from[i] ^ flip;
+      const int64_t g = group * b, blk = r * row_bytes + block * b;
+      auto mv = [&](int64_t at_g, int64_t at_blk, size_t n, uint8_t flip = 0) {
+        const uint8_t* from = ToGroups ? src + blk + at_blk : src + g + at_g;
+        uint8_t* to = ToGroups ? dst + g + at_g : dst + blk + at_blk;
+        if (flip == 0) std::memcpy(to, from, n);
+        else for (size_t i = 0; i < n; ++i) to[i] = from[i] ^ flip;
       };
-      mv(32 * b + 2 * r, 0, 2, 0);
-      for (int c = 0; c < 32; ++c) mv(qs + 64 * (c / 4) + c % 4, 2 + c, 1, 0x80);
+      layout(mv, b, r);
     }
+}
+
+// Q8_0: the scales of every block first (2 bytes a row), then each block's codes plus 128.
+template <bool ToGroups>
+inline void move_q8_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, uint8_t* dst) {
+  move_rows16<ToGroups>(src, row_bytes, nb, dst, 34, 0, [nb](auto& mv, int64_t b, int r) {
+    mv(32 * b + 2 * r, 0, 2);
+    const int64_t qs = 32 * nb + 512 * b + 4 * r;
+    for (int c = 0; c < 32; ++c) mv(qs + 64 * (c / 4) + c % 4, 2 + c, 1, 0x80);
+  });
 }
 
 // Q5_0's 5-bit value of column c (0..31) in a file block (d, qh, qs: 22 bytes) and in a
