@@ -26,6 +26,12 @@
 
 #include "gguf_rows16_vnni.h"
 
+namespace gguf {
+// Our ids for the layouts (not GGUF types: the file holds plain Q4_K and Q6_K).
+constexpr int64_t kQ4_K_R16 = 2012;
+constexpr int64_t kQ6_K_R16 = 2014;
+}  // namespace gguf
+
 #if defined(GGUF_ROWS16)
 
 namespace gguf {
@@ -62,8 +68,6 @@ inline void by_groups16(const uint8_t* w, int64_t row_bytes, int64_t rows, const
 // value): a chunk of low bits and its high bits give four columns of sixteen rows, the
 // unsigned side of ``vpdpbusd``, codes plus 32 as stored. Each group's exact integer sum,
 // less 32 times the activations' sum, is times its scale.
-
-constexpr int64_t kQ6_K_R16 = 2014;  // our id, not a GGUF type
 
 namespace q6k16 {
 constexpr int64_t kBlock = 210, kGroup = 16 * kBlock;
@@ -161,8 +165,6 @@ inline void dot_q6_k_r16(const uint8_t* w, int64_t row_bytes, int64_t rows, cons
 //   qs[4][8][64]      chunk c, slice s: bytes 4r .. 4r + 3 are row r's nibble bytes
 //                     32c + 4s .. + 3 (low nibbles: group 2c's columns 4s .. 4s + 3, high
 //                     ones group 2c + 1's) (2,048 bytes).
-
-constexpr int64_t kQ4_K_R16 = 2012;  // our id, not a GGUF type
 
 namespace q4k16 {
 constexpr int64_t kBlock = 144, kGroup = 16 * kBlock;

@@ -66,7 +66,7 @@ Format format_of(int64_t type) {
     case kQ6_K_R16: return {256, 210, dot_q6_k_r16};
 #else
     case kQ5_0_R16: case kQ8_0_R16:
-    case 2012: case 2014:  // Q4_K and Q6_K by sixteen (gguf_k_rows16.h)
+    case kQ4_K_R16: case kQ6_K_R16:
       TORCH_CHECK(false, "gguf: the layouts regrouped by sixteen rows (", type,
                   ") are made and read by AVX-512 VNNI builds only");
 #endif
