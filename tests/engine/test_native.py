@@ -152,7 +152,7 @@ def test_an_unknown_scoring_is_refused(op) -> None:
             op(*args, native.SCORINGS["amx"])
 
 
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 4, 8])  # two KV heads: split from 4 threads
 @pytest.mark.parametrize("min_split", [1, 7, 100_000])
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
 def test_work_split_does_not_change_the_answer(op, threads: int, min_split: int,
