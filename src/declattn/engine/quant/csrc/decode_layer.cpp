@@ -130,7 +130,7 @@ at::Tensor matmul(const at::Tensor& x, at::TensorList ws, at::IntArrayRef types,
 
 // silu(gate) * up in place in the gate's half of ``both`` (one row of the gate/up matmul's
 // output: the gate's n values, then the up's; read by pointer, not as two views, which
-// cost four op calls a layer) for bf16, where ATen's silu takes its AVX-512 vector path
+// cost several op calls a layer) for bf16, where ATen's silu takes its AVX-512 vector path
 // throughout: ATen dispatching to its AVX-512 kernels, n a multiple of 64 (its loop
 // goes two vectors of 32 at a time, the rest by a scalar loop with another exp), and n
 // within one chunk of its parallel loop (a chunk would have its own remainder). Returns
@@ -196,10 +196,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> before_attention(
   const NormForm norm{eps, unit_offset};
   const int64_t t = h.size(0);
   const at::Tensor y = matmul(norm(h, attn_norm), qkv, qkv_types, qkv_bias);
-  TORCH_CHECK(y.size(1) == (heads + 2 * kv_heads) * dim, "before_attention: q/k/v give ",
-              y.size(1), " columns, not (", heads, " + 2 x ", kv_heads, ") x ", dim);
+  TORCH_CHECK(y.is_contiguous() && y.size(1) == (heads + 2 * kv_heads) * dim,
+              "before_attention: q/k/v give ", y.size(1), " columns, not (", heads, " + 2 x ",
+              kv_heads, ") x ", dim);
   // q, k and v side by side in each row of y, taken as [T, heads, D] views in one op each
-  // (split, then view, made three op calls for each of them: ~0.1 ms a decode step).
+  // (a split and its views made several op calls for each: with the gate/up's chunk in
+  // after_attention, 0.1-0.2 ms of a qwen2.5-0.5b decode step, docs/benchmarks.md).
   auto heads_of = [&](int64_t n, int64_t first) {
     return y.as_strided({t, n, dim}, {y.stride(0), dim, 1}, y.storage_offset() + first * dim);
   };
