@@ -175,15 +175,26 @@ void dot32(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x, in
   for (; r < rows; ++r) rows32<B, 1>(w + r * row_bytes, row_bytes, x, nb, out + r);
 }
 
+// A kernel over ``rows`` rows ``row_bytes`` apart, as Format::dot takes them.
+using RowsDot = void (*)(const uint8_t*, int64_t, int64_t, const Q8Row&, int64_t, float*);
+
+// ``Row`` (one row's dot) over each of ``rows`` rows: a RowsDot.
+template <float (*Row)(const uint8_t*, const Q8Row&, int64_t)>
+void each_row(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x, int64_t nb,
+              float* out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = Row(w + r * row_bytes, x, nb);
+}
+
 // ``rows`` rows from a tile start (a multiple of R rows into the matrix) of a layout
-// regrouped by R rows (gguf_q5_0_rows8.h, gguf_q8_0_rows8.h, gguf_rows16_vnni.h): whole
-// groups by ``Group``, the rest (only ever the matrix's last rows) in the GGUF layout.
-template <void (*Group)(const uint8_t*, const Q8Row&, int64_t, float*), int R, class B>
+// regrouped by R rows (gguf_q5_0_rows8.h, gguf_q8_0_rows8.h, gguf_rows16_vnni.h,
+// gguf_k_rows16.h): whole groups by ``Group``, the rest (only ever the matrix's last rows)
+// in the GGUF layout by ``Rest``.
+template <void (*Group)(const uint8_t*, const Q8Row&, int64_t, float*), int R, RowsDot Rest>
 void dot_groups(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x, int64_t nb,
                 float* out) {
   int64_t r = 0;
   for (; r + R <= rows; r += R) Group(w + r * row_bytes, x, nb, out + r);
-  dot32<B>(w + r * row_bytes, row_bytes, rows - r, x, nb, out + r);
+  Rest(w + r * row_bytes, row_bytes, rows - r, x, nb, out + r);
 }
 
 // The 12 scale bytes of a Q4_K super-block -> 8 scales (bytes 0-7 of the first) and 8 mins

@@ -44,17 +44,6 @@ inline void store_lanes8(const __m512* acc, float* out) {
   _mm512_storeu_ps(out, _mm512_add_ps(even, odd));
 }
 
-// ``rows`` rows from a tile start: whole groups of sixteen by ``Group``, the rest (kept in
-// the file's layout) by the file's ``Row`` kernel.
-template <void (*Group)(const uint8_t*, const Q8Row&, int64_t, float*),
-          float (*Row)(const uint8_t*, const Q8Row&, int64_t)>
-inline void by_groups16(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x,
-                        int64_t nb, float* out) {
-  int64_t r = 0;
-  for (; r + 16 <= rows; r += 16) Group(w + r * row_bytes, x, nb, out + r);
-  for (; r < rows; ++r) out[r] = Row(w + r * row_bytes, x, nb);
-}
-
 // --- Q6_K ----------------------------------------------------------------------------------
 //
 // Per super-block of 256 columns (3,360 bytes, as many as the file's sixteen rows):
@@ -151,10 +140,7 @@ inline void group16_q6_k(const uint8_t* w, const Q8Row& x, int64_t nb, float* ou
   store_lanes8(acc, out);
 }
 
-inline void dot_q6_k_r16(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x,
-                         int64_t nb, float* out) {
-  by_groups16<group16_q6_k, dot_q6_k>(w, row_bytes, rows, x, nb, out);
-}
+constexpr auto dot_q6_k_r16 = dot_groups<group16_q6_k, 16, each_row<dot_q6_k>>;
 
 // --- Q4_K ----------------------------------------------------------------------------------
 //
@@ -245,10 +231,7 @@ inline void group16_q4_k(const uint8_t* w, const Q8Row& x, int64_t nb, float* ou
   store_lanes8(acc, out);
 }
 
-inline void dot_q4_k_r16(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x,
-                         int64_t nb, float* out) {
-  by_groups16<group16_q4_k, dot_q4_k>(w, row_bytes, rows, x, nb, out);
-}
+constexpr auto dot_q4_k_r16 = dot_groups<group16_q4_k, 16, each_row<dot_q4_k>>;
 
 }  // namespace gguf
 #endif

@@ -125,7 +125,7 @@ inline void group_q5_0(const uint8_t* w, const Q8Row& x, int64_t nb, float* out)
   for (int l = 0; l < 8; ++l) out[kOrder[l]] = o[l];
 }
 
-constexpr auto dot_q5_0_r8 = dot_groups<group_q5_0, 8, BQ5_0>;
+constexpr auto dot_q5_0_r8 = dot_groups<group_q5_0, 8, dot32<BQ5_0>>;
 #endif
 
 }  // namespace gguf

@@ -114,7 +114,7 @@ inline void group_q8_0(const uint8_t* w, const Q8Row& x, int64_t nb, float* out)
   _mm256_storeu_ps(out, acc);
 }
 
-constexpr auto dot_q8_0_r8 = dot_groups<group_q8_0, 8, BQ8_0>;
+constexpr auto dot_q8_0_r8 = dot_groups<group_q8_0, 8, dot32<BQ8_0>>;
 #endif
 
 }  // namespace gguf

@@ -212,8 +212,8 @@ inline void group16_q5_0(const uint8_t* w, const Q8Row& x, int64_t nb, float* ou
   _mm512_storeu_ps(out, acc);
 }
 
-constexpr auto dot_q8_0_r16 = dot_groups<group16_q8_0, 16, BQ8_0>;
-constexpr auto dot_q5_0_r16 = dot_groups<group16_q5_0, 16, BQ5_0>;
+constexpr auto dot_q8_0_r16 = dot_groups<group16_q8_0, 16, dot32<BQ8_0>>;
+constexpr auto dot_q5_0_r16 = dot_groups<group16_q5_0, 16, dot32<BQ5_0>>;
 #endif
 
 }  // namespace gguf
