@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
+from declattn.api.session import DASession
 from declattn.engine.engine import PagedEngine
 from declattn.engine.sampler import SamplingParams
 from declattn.protocol.layout import Layout, Span
-from declattn.session import DASession
 from declattn.train.data import da_tiny_options, encode
 from declattn.train.mask import transcript_mask
 from declattn.train.tasks import make_episode
