@@ -25,6 +25,7 @@ from declattn.api.results import Answer, Delta, Stats
 from declattn.api.session import DASession, PlainSession, Session
 from declattn.da.constrain import FocusVocab, VocabCache
 from declattn.da.constrain_find import FindVocab
+from declattn.da.gate import CLASSIC_SHAPE, ECONOMY_SHAPE, ReplyCost, expected_cost
 from declattn.da.options import DAOptions, model_da_defaults
 from declattn.engine.controller import Controller
 from declattn.engine.engine import DEFAULT_PREFILL_CHUNK, PagedEngine
@@ -38,6 +39,9 @@ from declattn.protocol.prompt import RenderedPrompt
 from declattn.protocol.segment import Chunk, SegmentError, segment, token_counter
 
 DEFAULT_KV_TOKENS = 160 * 1024
+SCAFFOLD_OVERHEAD = 64
+"""Tokens of a DA prompt's scaffold besides the sink and the instruction: the question
+and the turn headers around it (an estimate; the gate needs no more precision)."""
 CONSTRAIN_BELOW_PARAMS = 1_000_000_000
 """``DAOptions(constrain=None)`` turns the focus constraint on for models smaller than this:
 they are the ones that write malformed declarations."""
@@ -301,17 +305,40 @@ class Engine:
     def _below_min_context(
         self, context: str, chunks: Sequence[Chunk] | None, options: DAOptions
     ) -> str | None:
-        """Why a DA request runs vanilla, when its context is under the options' floor
-        (``DAOptions.context_floor``: ``min_context``, or 1.5 chunks by default)."""
-        floor = options.context_floor
-        if floor <= 0:
-            return None
+        """Why a DA request runs vanilla, when it is not expected to pay: under the
+        options' ``min_context`` where one is set, else where the whole DA reply is
+        expected to read more bytes than the plain reply (``declattn.da.gate``)."""
         n = sum(c.tokens for c in chunks) if chunks else token_counter(self.tokenizer)(context)
-        if n >= floor:
+        if options.min_context is not None:
+            if n >= options.min_context:
+                return None
+            return (
+                f"ran vanilla: a context of {n} tokens is under min_context "
+                f"{options.min_context}"
+            )
+        cost = self.reply_cost(n, options)
+        if cost.run_da:
             return None
         return (
-            f"ran vanilla: a context of {n} tokens is under min_context {floor}, "
-            "where DA reads more per decode step than full attention"
+            f"ran vanilla: at {n} context tokens a DA reply is expected to read "
+            f"{cost.ratio:.2f}x the plain reply's bytes (docs/eval.md, 'Break-even')"
+        )
+
+    def reply_cost(self, context_tokens: int, options: DAOptions) -> ReplyCost:
+        """The expected bytes of a DA reply against the plain reply over a context of
+        ``context_tokens``, for this model's weights and KV (``declattn.da.gate``)."""
+        count = token_counter(self.tokenizer)
+        scaffold = options.sink + count(options.instruction) + SCAFFOLD_OVERHEAD
+        c = self.loaded.config
+        itemsize = next(self.loaded.model.parameters()).element_size()
+        return expected_cost(
+            context_tokens=context_tokens,
+            prompt_tokens=context_tokens + scaffold,
+            scaffold_tokens=scaffold,
+            chunk_tokens=min(options.target, context_tokens),
+            weight_bytes=self.loaded.model.weight_bytes_per_step(),
+            kv_bytes_per_token=2 * c.num_layers * c.num_kv_heads * c.head_dim * itemsize,
+            shape=ECONOMY_SHAPE if options.scaffold_local else CLASSIC_SHAPE,
         )
 
     def messages_session(
