@@ -45,6 +45,9 @@ ARMS = ("vanilla", "da-nm", "da", "da-constrained", "da-find", "da-find-constrai
 REFUSED = {
     "quest": "Quest picks each step's blocks from query-key scores inside attention, which "
              "a block table cannot express",
+    "da-economy": "its scaffold steps and forced tag text are our engine's; the vLLM plugin "
+                  "reads by mode only",
+    "vanilla-chunks": "not wired to the vLLM backend yet: run it with --backend engine",
 }
 SECOND = ("streaming",)
 """Arms whose budget comes from another arm's row: run in the batch after it."""
