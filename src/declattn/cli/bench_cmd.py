@@ -36,7 +36,7 @@ def add_parser(sub: Any) -> None:
     dec.add_argument("--parts", default="micro,e2e,hf",
                      help="which parts to run, comma separated (micro, e2e, hf)")
     dec.add_argument("--threads", type=int, default=None,
-                     help="torch threads (default: one per core the load average leaves idle)")
+                     help="torch threads (default: one per core measured idle at the start)")
     dec.add_argument("--quick", action="store_true", help="small sizes: a sanity run")
     dec.add_argument("--out", default="out/bench", help="directory for the JSON and PNG")
     dec.set_defaults(func=run_decode)
