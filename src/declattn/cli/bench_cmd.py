@@ -36,7 +36,7 @@ def add_parser(sub: Any) -> None:
     dec.add_argument("--parts", default="micro,e2e,hf",
                      help="which parts to run, comma separated (micro, e2e, hf)")
     dec.add_argument("--threads", type=int, default=None,
-                     help="torch threads (default: one per core the load average leaves idle)")
+                     help="torch threads (default: one per core measured idle at the start)")
     dec.add_argument("--quick", action="store_true", help="small sizes: a sanity run")
     dec.add_argument("--out", default="out/bench", help="directory for the JSON and PNG")
     dec.set_defaults(func=run_decode)
@@ -131,7 +131,7 @@ def run_decode(args: argparse.Namespace) -> int:
     from declattn.bench.decode_report import machine_line, tables
     from declattn.engine.threads import use_threads
 
-    threads = use_threads(args.threads)
+    threads = use_threads(args.threads).threads
     overrides = {
         "contexts": args.contexts,
         "e2e_contexts": args.e2e_contexts,
@@ -227,7 +227,7 @@ def run_reuse(args: argparse.Namespace) -> int:
 
     if args.questions < 1 or not 0 <= args.independent <= args.questions:
         raise UserError("--questions must be >= 1 and --independent in [0, --questions]")
-    threads = use_threads(args.threads)
+    threads = use_threads(args.threads).threads
     cfg = ReuseConfig(args.tokens, args.questions, args.independent, args.max_tokens,
                       args.seed, args.server)
     err = console(stderr=True)

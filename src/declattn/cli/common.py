@@ -10,6 +10,8 @@ from typing import Any
 
 from rich.console import Console
 
+from declattn.da.options import DAOptions
+
 
 class UserError(Exception):
     """A problem with what the user asked for; printed as one line, exit status 2."""
@@ -82,7 +84,8 @@ def add_dtype_arg(parser: Any, extra: tuple[str, ...] = ()) -> None:
 
 
 def add_focus_args(parser: Any) -> None:
-    """``--focus`` and ``--index``: how a DA request is taught to focus."""
+    """``--focus``, ``--index``, ``--economy``, ``--min-context``: how a DA request is
+    taught to focus, and when it runs at all."""
     parser.add_argument(
         "--focus", choices=["ids", "find", "both"], default=None,
         help='what the instruction teaches: ids (magic_chunks="K", a global survey first), '
@@ -95,21 +98,36 @@ def add_focus_args(parser: Any) -> None:
         "within this many tokens (0: none)",
     )
     parser.add_argument(
+        "--economy", action="store_true",
+        help="the economical protocol (DAOptions.economy): a find focus with the answer "
+        "written inside it, scaffold steps read as local, forced tag text in one forward",
+    )
+    parser.add_argument(
         "--min-context", type=int, default=None, metavar="TOKENS",
         help="a shorter context runs vanilla, and says so (default: 1.5 chunks, the measured "
         "break-even, docs/eval.md; 0: always DA)",
     )
 
 
-def focus_options(options: Any, args: Any) -> Any:
-    """``options`` with ``--focus``/``--index`` applied (``DAOptions``)."""
+def focus_options(options: DAOptions, args: Any) -> DAOptions:
+    """``options`` (``DAOptions``) with ``--focus``/``--index``/``--min-context`` applied,
+    or, with ``--economy``, the economical protocol over the same chunking and settings."""
     import dataclasses
 
     if args.index < 0:
         raise UserError("--index must be >= 0")
     if args.min_context is not None and args.min_context < 0:
         raise UserError("--min-context must be >= 0")
-    focus = args.focus or options.focus
     floor = options.min_context if args.min_context is None else args.min_context
+    if args.economy:
+        if args.focus not in (None, "find") or args.index:
+            raise UserError("--economy teaches a find focus with its own instruction: "
+                            "drop --focus and --index")
+        return DAOptions.economy(
+            target=options.target, cap=options.cap, sink=options.sink,
+            line_start=options.line_start, masking=options.masking, style=options.style,
+            runaway=options.runaway, min_context=floor,
+        )
+    focus = args.focus or options.focus
     return dataclasses.replace(options, focus=focus, index=args.index, min_context=floor)
 

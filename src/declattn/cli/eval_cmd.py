@@ -33,8 +33,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--arms",
         default="all",
-        help="comma list of vanilla, da-nm, da, da-constrained, da-find, "
-        "da-find-constrained, da-find-index, streaming, quest; or all",
+        help="comma list of vanilla, vanilla-chunks, da-nm, da, da-constrained, da-find, "
+        "da-find-constrained, da-find-index, da-economy, streaming, quest; or all",
     )
     p.add_argument(
         "--budget-arm", default="da",
@@ -116,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
     from declattn.engine.threads import use_threads
     from declattn.eval.runner import EvalSpec
 
-    use_threads(args.threads)
+    con = console()
+    con.print(f"[dim]{use_threads(args.threads).line()}[/]")
 
     spec = EvalSpec(
         model=args.model,
@@ -131,7 +132,6 @@ def run(args: argparse.Namespace) -> int:
     )
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    con = console()
     with user_errors():
         if args.backend == "vllm":
             from declattn.cli.vllm_backend import evaluate as evaluate_vllm
