@@ -68,7 +68,7 @@ def test_by_default_the_gate_weighs_the_whole_reply(engine: Engine) -> None:
     """No ``min_context``: DA runs where its whole reply is expected to read fewer bytes
     than the plain reply. The chunk-id protocol's long reply, with a global survey, never
     does; the economical reply (a find focus, the answer inside it) does."""
-    classic = dataclasses.replace(options(engine), min_context=None)
+    classic = DAOptions(target=256, cap=320, constrain=False)
     ans = engine.answer(CONTEXT, "How many boats?", options=classic, max_tokens=4)
     assert ans.arm == "vanilla" and "expected to read" in (ans.note or "")
     assert engine.reply_cost(2000, classic).ratio > 1

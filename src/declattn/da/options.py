@@ -92,10 +92,13 @@ trained to declare knows its chunk size and instruction."""
 
 
 def model_da_defaults(directory: Path | None) -> DAOptions:
-    """``DAOptions`` with the fields the model directory's settings file sets."""
+    """``DAOptions`` with the fields the model directory's settings file sets; for a model
+    without one (an off-the-shelf model), the economical protocol, whose whole reply
+    reads less than the plain reply (docs/eval.md, "Per answer"), with the constraint
+    left to the engine (on for small models)."""
     path = directory / MODEL_SETTINGS_FILE if directory is not None else None
     if path is None or not path.is_file():
-        return DAOptions()
+        return DAOptions.economy(constrain=None)
     try:
         raw = json.loads(path.read_text())["da"]
         return DAOptions(**raw)
