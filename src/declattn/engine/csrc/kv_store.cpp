@@ -9,6 +9,8 @@
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
+#include "declattn_ops.h"
+
 #include <cstdint>
 #include <cstring>
 
@@ -48,7 +50,7 @@ void store_rows(at::Tensor kp, at::Tensor vp, const at::Tensor& k, const at::Ten
 
 }  // namespace
 
-TORCH_LIBRARY(declattn_kv, m) {
+DECLATTN_FRAGMENT(m) {
   m.def("store_rows(Tensor(a!) kp, Tensor(b!) vp, Tensor k, Tensor v, int row) -> ()");
   m.impl("store_rows", c10::DispatchKey::CPU, &store_rows);
 }

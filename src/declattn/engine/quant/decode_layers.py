@@ -130,7 +130,7 @@ class GGUFDecodeLayers:
         self._before = ops.before_attention.default
         self._after = ops.after_attention.default
         self._windows = [x.window for x in layers]
-        self._stack = torch.classes.declattn_decode_layer.DecodeStack()
+        self._stack = torch.classes.declattn.DecodeStack()
         for x in layers:
             self._stack.add(
                 x.attn_norm, x.eps, x.unit_offset, x.qkv.blocks, x.qkv.types, x.qkv.bias,

@@ -29,6 +29,8 @@
 #include <torch/custom_class.h>
 #include <torch/library.h>
 
+#include "declattn_ops.h"
+
 #if defined(__AVX512F__)
 #include <ATen/TensorIterator.h>
 #include <ATen/Version.h>
@@ -60,11 +62,12 @@ const Set& found() {
   return handles;
 }
 
-// The layer ops' own (their libraries are loaded before this one).
+// The layer ops' own (gguf_matmul.cpp, norm_rope.cpp: the same library).
 struct Ops {
-  c10::TypedOperatorHandle<LinearSig> linear = find<LinearSig>("declattn_gguf::gguf_linear_cat");
-  c10::TypedOperatorHandle<NormSig> norm = find<NormSig>("declattn_layers::rms_norm");
-  c10::TypedOperatorHandle<RotarySig> rotary = find<RotarySig>("declattn_layers::rotary");
+  c10::TypedOperatorHandle<LinearSig> linear =
+      find<LinearSig>(DECLATTN_OP("gguf_linear_cat"));
+  c10::TypedOperatorHandle<NormSig> norm = find<NormSig>(DECLATTN_OP("rms_norm"));
+  c10::TypedOperatorHandle<RotarySig> rotary = find<RotarySig>(DECLATTN_OP("rotary"));
 };
 
 const Ops& ops() { return found<Ops>(); }
@@ -254,10 +257,11 @@ using AttendSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Ten
                              const at::Tensor&, const at::Tensor&, double, int64_t, int64_t);
 
 // The paged attention's kernels (kv_store.cpp, decode_attn.cpp), found at the first step:
-// only the stack needs them, and they are loaded only where the engine uses them.
+// only the stack needs them.
 struct AttentionOps {
-  c10::TypedOperatorHandle<StoreSig> store = find<StoreSig>("declattn_kv::store_rows");
-  c10::TypedOperatorHandle<AttendSig> attend = find<AttendSig>("declattn::decode_attention");
+  c10::TypedOperatorHandle<StoreSig> store = find<StoreSig>(DECLATTN_OP("store_rows"));
+  c10::TypedOperatorHandle<AttendSig> attend =
+      find<AttendSig>(DECLATTN_OP("decode_attention"));
 };
 
 // One layer's weights and shapes: the arguments of its two calls above.
@@ -329,7 +333,7 @@ struct DecodeStack : torch::CustomClassHolder {
 
 }  // namespace
 
-TORCH_LIBRARY(declattn_decode_layer, m) {
+DECLATTN_FRAGMENT(m) {
   m.class_<DecodeStack>("DecodeStack")
       .def(torch::init<>())
       .def("add", &DecodeStack::add)
