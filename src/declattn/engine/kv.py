@@ -106,7 +106,7 @@ class KVCache:
             torch.zeros(shape, dtype=config.dtype, device=config.device)
             for _ in range(config.n_layers)
         ]
-        # consecutive new rows of a CPU pool are stored in one native call (kv_store.cpp)
+        # a step's new rows of a CPU pool are stored in one native call (kv_store.cpp)
         self._store = store_op() if torch.device(config.device).type == "cpu" else None
         self.blocks = BlockAllocator(config.num_blocks, caching=prefix_caching)
         self._tables: dict[int, list[int]] = {}
@@ -237,17 +237,18 @@ class KVCache:
 
     # -- writes --------------------------------------------------------------------
     def stores_natively(self) -> bool:
-        """Whether ``write`` stores consecutive rows of the pools' dtype by the native
-        kernel (``csrc/kv_store.cpp``), which a native layer runner calls itself."""
+        """Whether ``write`` stores rows of the pools' dtype by the native kernel
+        (``csrc/kv_store.cpp``), which a native layer runner calls itself."""
         return self._store is not None
 
     def write(self, layer: int, slots: Tensor | slice, k: Tensor, v: Tensor) -> None:
         """Store ``k``/``v`` (``[T, n_kv_heads, head_dim]``) at pool rows ``slots`` (an
-        index tensor, or a slice for consecutive rows: a plain copy)."""
+        index tensor, or a slice for consecutive rows: a plain copy on the torch path)."""
+        if self._store is not None and k.dtype == v.dtype == self.config.dtype:
+            rows = slots if isinstance(slots, Tensor) else torch.arange(slots.start, slots.stop)
+            self._store(self.k[layer], self.v[layer], k, v, rows)
+            return
         if isinstance(slots, slice):
-            if self._store is not None and k.dtype == v.dtype == self.config.dtype:
-                self._store(self.k[layer], self.v[layer], k, v, slots.start)
-                return
             self.k[layer][:, slots].copy_(k.transpose(0, 1))
             self.v[layer][:, slots].copy_(v.transpose(0, 1))
             return

@@ -92,12 +92,15 @@ def _consecutive(table: np.ndarray) -> bool:
     return table.size < 2 or bool((np.diff(table) == 1).all())
 
 
-def _as_rows(slots: list[Tensor]) -> Tensor | slice:
-    """The step's new pool rows; one consecutive range becomes a slice (a plain copy
-    instead of an indexed write, which matters once per layer per decode step)."""
+def _as_rows(slots: list[Tensor], native: bool = False) -> Tensor | slice:
+    """The step's new pool rows; on the torch path one consecutive range becomes a slice
+    (a plain copy instead of an indexed write, which matters once per layer per decode
+    step); the ``native`` store takes the rows as they are."""
     if not slots:
         return torch.empty(0, dtype=torch.int64)
     rows = torch.cat(slots) if len(slots) > 1 else slots[0]
+    if native:
+        return rows
     lo, n = int(rows[0]), rows.numel()
     if int(rows[-1]) == lo + n - 1 and (n < 3 or bool((rows.diff() == 1).all())):
         return slice(lo, lo + n)
@@ -190,7 +193,7 @@ class PagedAttention(PlannedDecode):
         )
         self._selecting = any(p.step.select is not None for p in self._decode_plans)
         self._batches: dict[int | None, RunBatch] = {}
-        self._new_slots = _as_rows(new_slots)
+        self._new_slots = _as_rows(new_slots, native=cache.stores_natively())
         if carry is not None:
             carry.keep(carried)
         self.step = counter.begin_step() if counter is not None else -1
@@ -279,26 +282,31 @@ class PagedAttention(PlannedDecode):
         self._record(layer, batch, window is not None)
         return decode_batch(kp, vp, q, batch, scale, self.kernel, self.placement_invariant)
 
-    def decode_reads(self, windows: Sequence[int | None]) -> DecodeReads | None:
+    def decode_reads(self, windows: Sequence[int | None]) -> DecodeReads | str | None:
         """This step's reads on every layer for a native layer runner (``PlannedDecode``):
-        only a pure decode step with no query-aware selection, its new rows consecutive,
-        on the native kernels; ``None`` otherwise."""
+        a pure decode step with no query-aware selection, on the native kernels."""
         if not self._decode_plans or len(self._decode_plans) != len(self._plans):
             return None
-        if self._selecting or self.kernel != "native" or not isinstance(self._new_slots, slice):
-            return None
-        if not self.cache.stores_natively() or len(windows) != len(self.cache.k):
-            return None
+        if len(windows) != len(self.cache.k):
+            raise ValueError(f"{len(windows)} windows for {len(self.cache.k)} layers")
         if any(w is not None and w < 1 for w in windows):
             raise ValueError("window must be >= 1")
+        if self._selecting:
+            return "query-aware selection (a layer's blocks depend on its query)"
+        if self.kernel != "native":
+            return "decode attention on the torch kernel"
+        if not self.cache.stores_natively():
+            return "a KV pool the native store does not write"
         batches = [self._shared_batch(w) for w in windows]
 
         def record() -> None:
             for layer, (batch, window) in enumerate(zip(batches, windows, strict=True)):
                 self._record(layer, batch, window is not None)
 
+        rows = self._new_slots
+        assert isinstance(rows, Tensor), "a native store takes the rows as a tensor"
         return DecodeReads(
-            self._n_rows, list(self.cache.k), list(self.cache.v), self._new_slots.start,
+            self._n_rows, list(self.cache.k), list(self.cache.v), rows,
             [b.runs for b in batches], [b.offsets for b in batches], MIN_SPLIT_ROWS, record,
         )
 

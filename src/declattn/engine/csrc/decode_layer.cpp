@@ -1,10 +1,8 @@
-// A decoder layer's work around its attention, for a short step of a GGUF model, in two
-// native calls: ``before_attention`` (norm, merged q/k/v matmul, bias, q/k norms, RoPE) and
-// ``after_attention`` (o matmul, residual, norm, merged gate/up matmul, activation, down
-// matmul, residual; Gemma's sandwich norms). decode_layers.py calls them per layer.
-// On a pure decode step, ``DecodeStack`` runs every layer in one call: those two, and
-// between them the paged attention's own two kernels (store the new keys and values,
-// decode attention over the runs the step planned).
+// A GGUF model's decode step in one native call, ``DecodeStack.run`` (decode_layers.py):
+// per layer ``before_attention`` (norm, merged q/k/v matmul, bias, q/k norms, RoPE), the
+// paged attention's own two kernels (store the new keys and values, decode attention over
+// the runs the step planned), and ``after_attention`` (o matmul, residual, norm, merged
+// gate/up matmul, activation, down matmul, residual; Gemma's sandwich norms).
 //
 // Why: made from Python, that work was ~20 op calls per layer, ~500 a step of a 24-layer
 // model, and a Python op call costs a few microseconds of its own whatever the tensor
@@ -252,7 +250,8 @@ at::Tensor after_attention(
 // ops are the very ones the Python path calls, in the same order, so the result and what
 // the pools hold are the same bit for bit (tests/engine/test_quant_decode_layers.py).
 
-using StoreSig = void(at::Tensor, at::Tensor, const at::Tensor&, const at::Tensor&, int64_t);
+using StoreSig = void(at::Tensor, at::Tensor, const at::Tensor&, const at::Tensor&,
+                       const at::Tensor&);
 using AttendSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                              const at::Tensor&, const at::Tensor&, double, int64_t, int64_t);
 
@@ -301,11 +300,11 @@ struct DecodeStack : torch::CustomClassHolder {
   }
 
   // h [T, hidden] through every layer: layer i stores its new keys and values at pool rows
-  // [row, row + T) of k_pools[i] and v_pools[i], then attends over runs[i] (rows per
+  // rows[0..T) of k_pools[i] and v_pools[i], then attends over runs[i] (rows per
   // decode row by offsets[i], as decode.py's RunBatch) -> [T, hidden].
   at::Tensor run(at::Tensor h, at::Tensor cos_g, at::Tensor sin_g, at::Tensor cos_l,
                  at::Tensor sin_l, std::vector<at::Tensor> k_pools,
-                 std::vector<at::Tensor> v_pools, int64_t row, std::vector<at::Tensor> runs,
+                 std::vector<at::Tensor> v_pools, at::Tensor rows, std::vector<at::Tensor> runs,
                  std::vector<at::Tensor> offsets, int64_t min_split_rows) {
     const size_t n = layers.size();
     TORCH_CHECK(k_pools.size() == n && v_pools.size() == n && runs.size() == n &&
@@ -319,7 +318,7 @@ struct DecodeStack : torch::CustomClassHolder {
       auto [q, k, v] = before_attention(h, x.attn_norm, x.eps, x.unit_offset, x.qkv, x.qkv_types,
                                         x.qkv_bias, x.heads, x.kv_heads, x.dim, x.q_norm,
                                         x.k_norm, cos, sin);
-      attn.store.call(k_pools[i], v_pools[i], k, v, row);
+      attn.store.call(k_pools[i], v_pools[i], k, v, rows);
       const at::Tensor out = attn.attend.call(q.contiguous(), k_pools[i], v_pools[i], runs[i],
                                               offsets[i], x.scale, min_split_rows, 0);
       h = after_attention(h, out, x.eps, x.unit_offset, x.o, x.o_types, x.o_bias,
@@ -338,15 +337,4 @@ DECLATTN_FRAGMENT(m) {
       .def(torch::init<>())
       .def("add", &DecodeStack::add)
       .def("run", &DecodeStack::run);
-  m.def(
-      "before_attention(Tensor h, Tensor attn_norm, float eps, bool unit_offset, Tensor[] qkv, "
-      "int[] qkv_types, Tensor? qkv_bias, int heads, int kv_heads, int dim, Tensor? q_norm, "
-      "Tensor? k_norm, Tensor cos, Tensor sin) -> (Tensor, Tensor, Tensor)");
-  m.def(
-      "after_attention(Tensor h, Tensor out, float eps, bool unit_offset, Tensor[] o, "
-      "int[] o_types, Tensor? o_bias, Tensor? post_attn_norm, Tensor mlp_norm, "
-      "Tensor[] gate_up, int[] gate_up_types, Tensor? gate_up_bias, str activation, "
-      "Tensor[] down, int[] down_types, Tensor? down_bias, Tensor? post_mlp_norm) -> Tensor");
-  m.impl("before_attention", c10::DispatchKey::CPU, &before_attention);
-  m.impl("after_attention", c10::DispatchKey::CPU, &after_attention);
 }

@@ -6,7 +6,9 @@ are read is the ``AttentionFn``'s business (see ``attention_api``).
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -18,9 +20,8 @@ from declattn.engine.models.token_context import TokenContext
 
 
 class LayerRunner(Protocol):
-    """Every decoder layer of a step at once, by another route than the modules (one that
-    computes the same, bit for bit: ``quant/decode_layers.py``), or ``None`` for a step it
-    does not take, which the modules then run."""
+    """A decode step's layers at once, by another route than the modules (one that computes
+    the same, bit for bit: ``quant/decode_layers.py``)."""
 
     def __call__(
         self,
@@ -28,7 +29,32 @@ class LayerRunner(Protocol):
         rope_global: tuple[Tensor, Tensor],
         rope_local: tuple[Tensor, Tensor],
         attn: AttentionFn,
-    ) -> Tensor | None: ...
+    ) -> Tensor | str | None:
+        """The layers' output; ``None`` for a step that is not a decode step on paged KV (a
+        prefill: the modules' work by design); for a decode step it cannot take, a sentence
+        saying why (the model counts it and runs the modules)."""
+        ...
+
+
+@dataclass
+class DecodeRoute:
+    """How a ``Decoder``'s decode steps run, chosen once at load (``engine/route.py``):
+    ``stack`` (``runner``: every layer in one native call) or ``modules`` (the module tree),
+    and why. ``missed``: decode steps the stack route could not take, by reason (they ran
+    the modules), so that none goes unseen."""
+
+    kind: Literal["stack", "modules"] = "modules"
+    why: str = "no route chosen (a model not built by the loader)"
+    runner: LayerRunner | None = None
+    missed: Counter[str] = field(default_factory=Counter)
+
+    def describe(self) -> str:
+        """One line: the route, why, and any decode steps off it."""
+        line = f"{self.kind}: {self.why}"
+        if self.missed:
+            off = "; ".join(f"{n} x {reason}" for reason, n in self.missed.most_common())
+            line += f" (decode steps that ran the modules: {off})"
+        return line
 
 
 class DecoderLayer(nn.Module):
@@ -87,12 +113,12 @@ class Decoder(nn.Module):
         )
         self._rotary_global = Rotary(c.rope_global, c.head_dim)
         self._rotary_local = Rotary(c.rope_local, c.head_dim) if c.rope_local else None
-        self.layer_runner: LayerRunner | None = None
+        self.decode_route = DecodeRoute()
 
-    def use_layer_runner(self, runner: LayerRunner | None) -> None:
-        """Run the layers through ``runner`` where it takes the step (``None``: always the
-        modules). Whoever changes the layers' modules afterwards sets it again."""
-        self.layer_runner = runner
+    def use_route(self, route: DecodeRoute) -> None:
+        """Run decode steps by ``route`` (``engine/route.py`` chooses it). Whoever changes
+        the layers' modules afterwards chooses again: a runner holds the weights it took."""
+        self.decode_route = route
 
     def forward(
         self,
@@ -113,9 +139,12 @@ class Decoder(nn.Module):
             h = h + self._aids(context)
         rope_global = self._rotary_global.cos_sin(positions)
         rope_local = self._rotary_local.cos_sin(positions) if self._rotary_local else rope_global
-        run = self.layer_runner
-        done = run(h, rope_global, rope_local, attn) if run is not None else None
-        if done is not None:
+        route, done = self.decode_route, None
+        if route.runner is not None:
+            done = route.runner(h, rope_global, rope_local, attn)
+        if isinstance(done, str):
+            route.missed[done] += 1
+        elif done is not None:
             return self.norm(done)
         for i, layer in enumerate(self.layers):
             cos, sin = rope_global if self.config.window(i) is None else rope_local

@@ -4,8 +4,8 @@
 
 The ops: ``decode_attention`` (``csrc/decode_attn.cpp``), ``store_rows``
 (``csrc/kv_store.cpp``), ``rms_norm`` and ``rotary`` (``csrc/norm_rope.cpp``), the GGUF
-matmul ops (``csrc/gguf_matmul.cpp``), ``before_attention``, ``after_attention`` and the
-``DecodeStack`` class (``csrc/decode_layer.cpp``), ``build_info`` (``csrc/library.cpp``).
+matmul ops (``csrc/gguf_matmul.cpp``), the ``DecodeStack`` class (``csrc/decode_layer.cpp``:
+a GGUF model's decode step in one call), ``build_info`` (``csrc/library.cpp``).
 
 Each concern keeps its switch to its torch code (``DECLATTN_DECODE_KERNEL``,
 ``DECLATTN_GGUF_KERNEL``, ``DECLATTN_LAYER_KERNEL`` ``=torch``: chosen, no warning); where
@@ -104,5 +104,5 @@ def op_paths() -> dict[str, str]:
         "store_rows": "memcpy",
         "rms_norm, rotary": f"{vec} (compiler-vectorised)",
         "gguf_linear": gguf,
-        "before/after_attention, DecodeStack": f"the ops above; {vec} elementwise",
+        "DecodeStack": f"the ops above, {vec} elementwise between them",
     }

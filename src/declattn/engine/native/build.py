@@ -241,9 +241,14 @@ def build(
             f"into {out}")
     workers = jobs or int(os.environ.get("MAX_JOBS") or os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for f in [pool.submit(_run, cmd, obj, Path(cmd[cmd.index("-c") + 1]).name)
-                  for obj, cmd in todo.items()]:
-            f.result()
+        futures = [pool.submit(_run, cmd, obj, Path(cmd[cmd.index("-c") + 1]).name)
+                   for obj, cmd in todo.items()]
+        try:
+            for f in futures:
+                f.result()
+        except KernelBuildError:
+            pool.shutdown(cancel_futures=True)  # the first failure is the one reported
+            raise
     libs = {}
     for v, objs in plan:
         lib = out / f"declattn_{v.name}.so"

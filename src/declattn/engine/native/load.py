@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,8 +158,9 @@ def _fix(exc: Exception) -> str:
     text = str(exc)
     if "no C++ compiler" in text:
         return "install g++ (or set CXX), or install a declattn wheel built for this platform"
-    if "No such file or directory" in text and ".h" in text:
-        return (f"the package's C++ sources are incomplete ({text.split(':')[0]}...): "
+    missing = re.search(r"fatal error: ([\w./-]+): No such file or directory", text)
+    if missing:
+        return (f"the package's C++ sources are incomplete ({missing.group(1)} is missing): "
                 "reinstall declattn")
     return "see the log it names"
 

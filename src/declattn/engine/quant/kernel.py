@@ -37,8 +37,8 @@ def gguf_ops() -> Any:
 
 @functools.cache
 def decode_layer_ops() -> Any:
-    """``torch.ops.declattn`` for ``before_attention``, ``after_attention`` and
-    ``DecodeStack`` (a GGUF layer's work around its attention, ``decode_layers.py``);
+    """``torch.ops.declattn`` for ``DecodeStack`` (a GGUF model's decode step in one
+    call, ``decode_layers.py``);
     ``None`` where ``DECLATTN_LAYER_KERNEL=torch``, or where either kind of op it calls
     (the GGUF matmul, norm/RoPE) is switched off."""
     if gguf_ops() is None or layer_ops() is None:

@@ -1,0 +1,67 @@
+"""The decode route of a loaded model, chosen once, at load, with the reason.
+
+As nano-vllm's model runner settles at start-up how steps will run, ``choose_route``
+settles it for a model (the loader calls it; so does anyone who changes its layers):
+
+- ``stack``: a decode step is one native call for every layer (``DecodeStack``,
+  ``quant/decode_layers.py``). Needs every projection in GGUF blocks, bf16 or fp32
+  activations on CPU, and the native extension with decode attention, the GGUF matmul
+  and RMSNorm/RoPE switched on. The paged attention plans the step's reads up front and
+  records them after (``PlannedDecode``).
+- ``modules``: the module tree, layer by layer, calling the ``AttentionFn`` per layer:
+  dense weights, another device, or a kernel missing or switched off. ``why`` says which.
+
+Prefill chunks run the modules on either route (many rows: the GEMM way). A decode step
+the stack route cannot take at run time runs the modules, and the model counts it by its
+reason (``DecodeRoute.missed``): a query-aware controller (its blocks depend on each
+layer's query), a KV pool in another dtype than the activations, a benchmark forcing the
+torch decode kernel, a batch of 32 or more sequences.
+
+There is no third route: per-layer native calls around the ``AttentionFn`` measured no
+faster than the modules within the noise (docs/engine.md), and every step they served
+but the query-aware ones now takes the stack.
+"""
+
+from __future__ import annotations
+
+from declattn.engine import native
+from declattn.engine.models.decoder import Decoder, DecodeRoute
+from declattn.engine.quant.decode_layers import GGUFDecodeLayers
+from declattn.engine.quant.kernel import decode_layer_ops
+
+__all__ = ["DecodeRoute", "choose_route"]
+
+
+def _blocker(model: Decoder) -> str | None:
+    """Why the model's decode steps cannot take the stack, in the order a user would fix
+    it; ``None`` where they can."""
+    device = model.norm.weight.device
+    if device.type != "cpu":
+        return f"on {device} (the stack is CPU code)"
+    lib = native.library()
+    if lib is None:
+        return "the native extension is unavailable (see its warning)"
+    if native.decode_op() is None:
+        return f"decode attention runs on torch ops ({native.ENV_SWITCH}=torch)"
+    if decode_layer_ops() is None:
+        return ("the GGUF matmul or RMSNorm/RoPE runs on torch ops "
+                "(DECLATTN_GGUF_KERNEL or DECLATTN_LAYER_KERNEL=torch)")
+    return None
+
+
+def choose_route(model: Decoder) -> DecodeRoute:
+    """Decide how ``model``'s decode steps run, give it that route, and return it."""
+    layers = GGUFDecodeLayers.layers_of(model)
+    blocker = _blocker(model) if not isinstance(layers, str) else None
+    if isinstance(layers, str):  # the weights say more than the kernels to a user
+        route = DecodeRoute("modules", layers)
+    elif blocker is not None:
+        route = DecodeRoute("modules", blocker)
+    else:
+        lib = native.library()
+        assert lib is not None
+        why = (f"{len(layers)} layers of GGUF blocks, one native call per decode step "
+               f"(native build {lib.variant})")
+        route = DecodeRoute("stack", why, GGUFDecodeLayers(layers, model.norm.weight.dtype))
+    model.use_route(route)
+    return route
