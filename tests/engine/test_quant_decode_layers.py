@@ -73,16 +73,15 @@ def gguf_model(family: str, dtype: torch.dtype) -> Decoder:
     return model
 
 
-class _Counted:
-    """The route's runner, with the steps it ran counted."""
+class _CountedStack:
+    """A runner's ``DecodeStack`` with its calls counted."""
 
-    def __init__(self, runner: GGUFDecodeLayers) -> None:
-        self.runner, self.ran = runner, 0
+    def __init__(self, stack) -> None:
+        self.stack, self.calls = stack, 0
 
-    def __call__(self, *args):
-        done = self.runner(*args)
-        self.ran += isinstance(done, torch.Tensor)
-        return done
+    def run(self, *args):
+        self.calls += 1
+        return self.stack.run(*args)
 
 
 class Narrow(Controller):
@@ -93,11 +92,11 @@ class Narrow(Controller):
 def _decode(model: Decoder, way: str, prompts: list[list[int]], controller=Narrow,
             max_tokens: int = 5):
     """Greedy decoding of ``prompts`` together on ``way`` (``stack``: the route
-    ``choose_route`` gives; ``modules``: none): tokens, reads, final pools, steps the runner
-    ran, and the route (its ``missed`` counts)."""
+    ``choose_route`` gives; ``modules``: none): tokens, reads, final pools, stack calls,
+    and the route (its ``missed`` counts)."""
     route = choose_route(model)
-    counted = _Counted(route.runner)
-    model.use_route(DecodeRoute("stack", route.why, counted) if way == "stack" else DecodeRoute())
+    counted = route.runner._stack = _CountedStack(route.runner._stack)
+    model.use_route(route if way == "stack" else DecodeRoute())
     engine = PagedEngine(model, Tok(), num_blocks=48, block_size=16, prefill_chunk=64)
     seqs = [engine.add(controller(p), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
             for p in prompts]
@@ -105,7 +104,7 @@ def _decode(model: Decoder, way: str, prompts: list[list[int]], controller=Narro
         engine.step()
     reads = [[(r.blocks, r.global_bytes, r.sliding_bytes) for r in s.reads] for s in seqs]
     pools = [p.clone() for p in engine.cache.k + engine.cache.v]
-    return [s.output_ids for s in seqs], reads, pools, counted.ran, model.decode_route
+    return [s.output_ids for s in seqs], reads, pools, counted.calls, route
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -143,19 +142,24 @@ class Selecting(Narrow):
         return None  # its view, but the engine cannot know that before the query
 
 
-def test_a_decode_step_the_stack_cannot_take_is_counted_and_runs_the_modules():
+def test_a_decode_step_whose_reads_cannot_be_planned_runs_layer_by_layer_and_is_counted():
+    """Query-aware selection: the same native ops layer by layer around the attention
+    function, bit for bit the modules' tokens, reads and pools."""
     model = gguf_model("qwen2", torch.bfloat16)
     tokens = ids(50, 4)
     stack = _decode(model, "stack", [tokens], Selecting)
     modules = _decode(model, "modules", [tokens], Selecting)
     assert stack[3] == 0 and stack[0] == modules[0] and stack[1] == modules[1]
-    assert stack[4].missed == {"query-aware selection (a layer's blocks depend on its query)": 4}
-    assert "4 x query-aware selection" in stack[4].describe()
+    assert all(torch.equal(a, b) for a, b in zip(stack[2], modules[2], strict=True))
+    reason = "query-aware selection (a layer's blocks depend on its query): layer by layer"
+    assert stack[4].missed == {reason: 4}
+    assert f"4 x {reason}" in stack[4].describe()
 
 
-def test_the_runner_names_what_it_does_not_compute_as_the_modules_do(monkeypatch):
+def test_the_runner_counts_what_it_does_not_compute_as_the_modules_do(monkeypatch):
     """Not a decode step on paged KV (dense attention, a prefill): ``None``, the modules'
-    work. A decode step it cannot take: a sentence."""
+    work, not counted. A decode step the native ops would not compute as the modules do:
+    ``None``, counted with its reason."""
     model = gguf_model("qwen2", torch.bfloat16)
     runner = model.decode_route.runner
     c = model.config
@@ -168,15 +172,21 @@ def test_the_runner_names_what_it_does_not_compute_as_the_modules_do(monkeypatch
         assert runner(h, rope, rope, DenseAttention()) is None
         prefill = torch.randn(19, c.hidden_size, dtype=torch.bfloat16)
         assert runner(prefill, rope, rope, PagedAttention(cache, [SeqStep(0, 0, 19)])) is None
+        assert not runner.missed
         assert isinstance(runner(h, rope, rope, PagedAttention(cache, step)), torch.Tensor)
-        wrong = runner(h.float(), rope, rope, PagedAttention(cache, step))
-        assert wrong.startswith("activations in torch.float32")
+        assert runner(h.float(), rope, rope, PagedAttention(cache, step)) is None
         monkeypatch.setattr(linear, "GEMM_ROWS", 1)  # GGUFLinear reads it per call too
-        assert "GEMM way" in runner(h, rope, rope, PagedAttention(cache, step))
+        assert runner(h, rope, rope, PagedAttention(cache, step)) is None
         monkeypatch.undo()
         torch_kernel = PagedAttention(cache, step, kernel="torch")
-        assert runner(h, rope, rope, torch_kernel) == "decode attention on the torch kernel"
-    assert "gradients" in runner(h, rope, rope, PagedAttention(cache, step))
+        assert isinstance(runner(h, rope, rope, torch_kernel), torch.Tensor)
+    assert runner(h, rope, rope, PagedAttention(cache, step)) is None
+    assert runner.missed == {
+        "activations in torch.float32, the model in torch.bfloat16: the modules ran it": 1,
+        "1 rows (from 1, GGUF layers take the GEMM way): the modules ran it": 1,
+        "decode attention on the torch kernel: layer by layer": 1,
+        "gradients enabled (the native ops have no backward): the modules ran it": 1,
+    }
 
 
 def test_a_model_not_all_gguf_runs_the_modules_and_says_why():

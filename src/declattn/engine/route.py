@@ -11,15 +11,12 @@ settles it for a model (the loader calls it; so does anyone who changes its laye
 - ``modules``: the module tree, layer by layer, calling the ``AttentionFn`` per layer:
   dense weights, another device, or a kernel missing or switched off. ``why`` says which.
 
-Prefill chunks run the modules on either route (many rows: the GEMM way). A decode step
-the stack route cannot take at run time runs the modules, and the model counts it by its
-reason (``DecodeRoute.missed``): a query-aware controller (its blocks depend on each
-layer's query), a KV pool in another dtype than the activations, a benchmark forcing the
-torch decode kernel, a batch of 32 or more sequences.
-
-There is no third route: per-layer native calls around the ``AttentionFn`` measured no
-faster than the modules within the noise (docs/engine.md), and every step they served
-but the query-aware ones now takes the stack.
+Prefill chunks run the modules on either route (many rows: the GEMM way). On the stack
+route, a decode step whose reads cannot be planned up front (a query-aware controller
+picks each layer's blocks from its query; a benchmark forcing the torch decode kernel)
+runs the same native ops layer by layer around the ``AttentionFn``, and a step they
+cannot compute as the modules do (a batch of 32 or more sequences, a gradient wanted)
+runs the modules: both are counted by reason (``DecodeRoute.missed``), never silent.
 """
 
 from __future__ import annotations

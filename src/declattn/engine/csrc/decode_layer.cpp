@@ -2,7 +2,9 @@
 // per layer ``before_attention`` (norm, merged q/k/v matmul, bias, q/k norms, RoPE), the
 // paged attention's own two kernels (store the new keys and values, decode attention over
 // the runs the step planned), and ``after_attention`` (o matmul, residual, norm, merged
-// gate/up matmul, activation, down matmul, residual; Gemma's sandwich norms).
+// gate/up matmul, activation, down matmul, residual; Gemma's sandwich norms). A decode
+// step whose reads cannot be planned up front (query-aware selection) calls the two ops
+// per layer around the attention function instead.
 //
 // Why: made from Python, that work was ~20 op calls per layer, ~500 a step of a 24-layer
 // model, and a Python op call costs a few microseconds of its own whatever the tensor
@@ -337,4 +339,15 @@ DECLATTN_FRAGMENT(m) {
       .def(torch::init<>())
       .def("add", &DecodeStack::add)
       .def("run", &DecodeStack::run);
+  m.def(
+      "before_attention(Tensor h, Tensor attn_norm, float eps, bool unit_offset, Tensor[] qkv, "
+      "int[] qkv_types, Tensor? qkv_bias, int heads, int kv_heads, int dim, Tensor? q_norm, "
+      "Tensor? k_norm, Tensor cos, Tensor sin) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "after_attention(Tensor h, Tensor out, float eps, bool unit_offset, Tensor[] o, "
+      "int[] o_types, Tensor? o_bias, Tensor? post_attn_norm, Tensor mlp_norm, "
+      "Tensor[] gate_up, int[] gate_up_types, Tensor? gate_up_bias, str activation, "
+      "Tensor[] down, int[] down_types, Tensor? down_bias, Tensor? post_mlp_norm) -> Tensor");
+  m.impl("before_attention", c10::DispatchKey::CPU, &before_attention);
+  m.impl("after_attention", c10::DispatchKey::CPU, &after_attention);
 }

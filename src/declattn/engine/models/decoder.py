@@ -7,7 +7,7 @@ are read is the ``AttentionFn``'s business (see ``attention_api``).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
@@ -23,37 +23,42 @@ class LayerRunner(Protocol):
     """A decode step's layers at once, by another route than the modules (one that computes
     the same, bit for bit: ``quant/decode_layers.py``)."""
 
+    missed: Counter[str]
+    """Decode steps it could not run in one call, by reason (and how they ran)."""
+
     def __call__(
         self,
         h: Tensor,
         rope_global: tuple[Tensor, Tensor],
         rope_local: tuple[Tensor, Tensor],
         attn: AttentionFn,
-    ) -> Tensor | str | None:
-        """The layers' output; ``None`` for a step that is not a decode step on paged KV (a
-        prefill: the modules' work by design); for a decode step it cannot take, a sentence
-        saying why (the model counts it and runs the modules)."""
+    ) -> Tensor | None:
+        """The layers' output; ``None`` where the modules run the step: one that is not a
+        decode step on paged KV (a prefill: by design), or one it counts in ``missed``."""
         ...
 
 
-@dataclass
+@dataclass(frozen=True)
 class DecodeRoute:
     """How a ``Decoder``'s decode steps run, chosen once at load (``engine/route.py``):
     ``stack`` (``runner``: every layer in one native call) or ``modules`` (the module tree),
-    and why. ``missed``: decode steps the stack route could not take, by reason (they ran
-    the modules), so that none goes unseen."""
+    and why."""
 
     kind: Literal["stack", "modules"] = "modules"
     why: str = "no route chosen (a model not built by the loader)"
     runner: LayerRunner | None = None
-    missed: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def missed(self) -> Counter[str]:
+        """Decode steps the stack could not take, by reason: none goes unseen."""
+        return self.runner.missed if self.runner is not None else Counter()
 
     def describe(self) -> str:
         """One line: the route, why, and any decode steps off it."""
         line = f"{self.kind}: {self.why}"
         if self.missed:
             off = "; ".join(f"{n} x {reason}" for reason, n in self.missed.most_common())
-            line += f" (decode steps that ran the modules: {off})"
+            line += f" (decode steps off it: {off})"
         return line
 
 
@@ -139,12 +144,9 @@ class Decoder(nn.Module):
             h = h + self._aids(context)
         rope_global = self._rotary_global.cos_sin(positions)
         rope_local = self._rotary_local.cos_sin(positions) if self._rotary_local else rope_global
-        route, done = self.decode_route, None
-        if route.runner is not None:
-            done = route.runner(h, rope_global, rope_local, attn)
-        if isinstance(done, str):
-            route.missed[done] += 1
-        elif done is not None:
+        run = self.decode_route.runner
+        done = run(h, rope_global, rope_local, attn) if run is not None else None
+        if done is not None:
             return self.norm(done)
         for i, layer in enumerate(self.layers):
             cos, sin = rope_global if self.config.window(i) is None else rope_local

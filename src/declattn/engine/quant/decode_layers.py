@@ -13,14 +13,20 @@ in native code. The ``AttentionFn`` says up front what each layer stores and rea
 (``PlannedDecode.decode_reads``) and records the reads once the call returns, as it would
 have layer by layer.
 
+A decode step whose reads cannot be planned up front (a query-aware controller picks each
+layer's blocks from its query) runs layer by layer instead: ``before_attention`` and
+``after_attention``, the same code in two native calls per layer, around the
+``AttentionFn``. That is still measurably faster than the modules (docs/engine.md), and is
+counted with its reason. A step neither way can compute as the modules do (32 rows or
+more, another dtype, a gradient wanted) runs the modules, counted too.
+
 The arithmetic is the modules' own, op for op in the same dtypes, so the result equals the
-module path bit for bit (``tests/engine/test_quant_decode_layers.py``). It runs only where
-every op it calls is what the module path would call; a decode step it cannot take it
-names (the model counts it and runs the modules).
+module path bit for bit (``tests/engine/test_quant_decode_layers.py``).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +38,7 @@ from declattn.engine.models.decoder import Decoder, DecoderLayer
 from declattn.engine.models.fused import DTYPES
 from declattn.engine.models.layers import RMSNorm
 from declattn.engine.quant import linear
+from declattn.engine.quant.kernel import decode_layer_ops
 from declattn.engine.quant.linear import GGUFConcat, GGUFLinear
 
 Rope = tuple[Tensor, Tensor]
@@ -120,8 +127,14 @@ class GGUFDecodeLayers:
     """A ``Decoder``'s decode steps, one native call each (its ``stack`` route)."""
 
     def __init__(self, layers: list[Layer], dtype: torch.dtype) -> None:
+        ops = decode_layer_ops()
+        assert ops is not None, "made only where the layer ops load (engine/route.py)"
+        self._layers = layers
         self._dtype = dtype
+        self._before = ops.before_attention.default
+        self._after = ops.after_attention.default
         self._windows = [x.window for x in layers]
+        self.missed: Counter[str] = Counter()
         self._stack = torch.classes.declattn.DecodeStack()
         for x in layers:
             self._stack.add(
@@ -154,27 +167,59 @@ class GGUFDecodeLayers:
 
     def __call__(
         self, h: Tensor, rope_global: Rope, rope_local: Rope, attn: AttentionFn
-    ) -> Tensor | str | None:
-        """``h`` ``[T, hidden]`` through every layer; ``None`` for a step that is not a
-        pure decode step on paged KV; why not, for a decode step it cannot take."""
+    ) -> Tensor | None:
+        """``h`` ``[T, hidden]`` through every layer; ``None`` where the modules run the
+        step (one not a decode step on paged KV, or one counted in ``missed``)."""
         reads = attn.decode_reads(self._windows) if isinstance(attn, PlannedDecode) else None
-        if reads is None or isinstance(reads, str):
-            return reads
+        if reads is None:
+            return None
+        unlike = self._unlike_the_modules(h, rope_global, rope_local)
+        if unlike is not None:
+            self.missed[f"{unlike}: the modules ran it"] += 1
+            return None
+        if isinstance(reads, str):
+            self.missed[f"{reads}: layer by layer"] += 1
+            return self._by_layer(h, rope_global, rope_local, attn)
         if reads.n_rows != len(h):
             raise ValueError(f"the step has {reads.n_rows} rows, h {len(h)}")
-        # read at each call, as GGUFLinear does (bench/quant_accuracy moves it)
-        if len(h) >= linear.GEMM_ROWS:
-            return f"{len(h)} rows (from {linear.GEMM_ROWS}, GGUF layers take the GEMM way)"
         pool = reads.k_pools[0].dtype
-        if h.dtype != self._dtype or pool != h.dtype:
-            return f"activations in {h.dtype}, KV pool in {pool}, model in {self._dtype}"
-        if torch.is_grad_enabled():
-            return "gradients enabled (the native ops have no backward)"
-        if rope_global[0].dtype != torch.float32 or rope_local[0].dtype != torch.float32:
-            return "RoPE tables not in fp32"
+        if pool != h.dtype:
+            self.missed[f"KV pool in {pool}, activations in {h.dtype}: layer by layer"] += 1
+            return self._by_layer(h, rope_global, rope_local, attn)
         h = self._stack.run(
             h, *rope_global, *rope_local, reads.k_pools, reads.v_pools, reads.rows,
             reads.runs, reads.offsets, reads.min_split_rows,
         )
         reads.record()
+        return h
+
+    def _unlike_the_modules(self, h: Tensor, rope_global: Rope, rope_local: Rope) -> str | None:
+        """Why the native ops would not compute this step as the modules do, if they would
+        not."""
+        # read at each call, as GGUFLinear does (bench/quant_accuracy moves it)
+        if len(h) >= linear.GEMM_ROWS:
+            return f"{len(h)} rows (from {linear.GEMM_ROWS}, GGUF layers take the GEMM way)"
+        if h.dtype != self._dtype:
+            return f"activations in {h.dtype}, the model in {self._dtype}"
+        if torch.is_grad_enabled():
+            return "gradients enabled (the native ops have no backward)"
+        if rope_global[0].dtype != torch.float32 or rope_local[0].dtype != torch.float32:
+            return "RoPE tables not in fp32"
+        return None
+
+    def _by_layer(self, h: Tensor, rope_global: Rope, rope_local: Rope,
+                  attn: AttentionFn) -> Tensor:
+        for i, x in enumerate(self._layers):
+            cos, sin = rope_global if x.window is None else rope_local
+            qkv, o, gu, down = x.qkv, x.o, x.gate_up, x.down
+            q, k, v = self._before(
+                h, x.attn_norm, x.eps, x.unit_offset, qkv.blocks, qkv.types, qkv.bias,
+                *x.heads, x.q_norm, x.k_norm, cos, sin,
+            )
+            out = attn(i, q, k, v, scale=x.scale, window=x.window)
+            h = self._after(
+                h, out, x.eps, x.unit_offset, o.blocks, o.types, o.bias, x.post_attn_norm,
+                x.mlp_norm, gu.blocks, gu.types, gu.bias, x.activation, down.blocks,
+                down.types, down.bias, x.post_mlp_norm,
+            )
         return h
