@@ -6,6 +6,7 @@ child process."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -106,3 +107,23 @@ assert kernel.gguf_ops() is None and fused.layer_ops() is None
     switched = _child(code.format(mode="error"), **no_compiler, DECLATTN_DECODE_KERNEL="torch",
                       DECLATTN_GGUF_KERNEL="torch", DECLATTN_LAYER_KERNEL="torch")
     assert switched.returncode == 0, switched.stderr[-3000:]  # chosen: no warning at all
+
+
+def test_a_build_without_openmp_warns_once_with_its_fix(monkeypatch) -> None:
+    """A library whose build has no OpenMP loads, with one warning per process: its
+    kernels run on one thread."""
+    lib = native.library()
+    assert lib is not None
+    for origin, fix in (("jit", f"delete {lib.path.parent}"), ("package", "reinstall declattn")):
+        serial = dataclasses.replace(lib, origin=origin,
+                                     isa=tuple(i for i in lib.isa if i != "openmp"))
+        monkeypatch.setattr(load, "_load", lambda serial=serial: serial)
+        load.library.cache_clear()
+        try:
+            with pytest.warns(RuntimeWarning, match="one thread") as caught:
+                assert native.library() is serial and native.library() is serial
+            assert len(caught) == 1 and fix in str(caught[0].message)
+        finally:
+            monkeypatch.undo()
+            load.library.cache_clear()
+    assert native.library() == lib  # the real one again (already loaded: no second build)

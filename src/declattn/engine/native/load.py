@@ -141,7 +141,7 @@ def _load() -> Library:
             why = "chosen by DECLATTN_NATIVE" if choice != "auto" else "the best this CPU runs"
             try:
                 return _open(path, variant, "package", why)
-            except (OSError, RuntimeError) as exc:
+            except OSError as exc:  # the loader refused it: nothing was registered
                 why_not = f"the package's {path.name} did not load ({exc})"
                 _warn(f"{why_not}; building one for this CPU instead. Fix: reinstall declattn "
                       f"for torch {torch.__version__}")
@@ -180,8 +180,10 @@ def library() -> Library | None:
               "silence this.")
         return None
     if not lib.openmp:
+        again = (f"delete {lib.path.parent} to rebuild" if lib.origin == "jit"
+                 else "reinstall declattn")
         _warn(f"{lib.path} was built without OpenMP (the compiler rejected -fopenmp), so its "
               "kernels run on one thread whatever torch.set_num_threads says. Fix: install an "
               "OpenMP runtime (libomp, e.g. `brew install libomp`, or g++), or set CXX to a "
-              f"compiler with OpenMP; then delete {lib.path.parent} to rebuild.")
+              f"compiler with OpenMP; then {again}.")
     return lib
