@@ -110,8 +110,6 @@ class KVCache:
         self._store = store_op() if torch.device(config.device).type == "cpu" else None
         self.blocks = BlockAllocator(config.num_blocks, caching=prefix_caching)
         self._tables: dict[int, list[int]] = {}
-        self._arrays: dict[int, np.ndarray] = {}
-        self._inverses: dict[int, np.ndarray] = {}
 
     # -- queries -------------------------------------------------------------------
     @property
@@ -150,25 +148,8 @@ class KVCache:
         return tuple(self._tables.get(seq_id, ()))
 
     def block_array(self, seq_id: int) -> np.ndarray:
-        """``block_table`` as an int64 array, built once per change of the table (a
-        decode step at 128K tokens would otherwise convert 8K ids per step)."""
-        arr = self._arrays.get(seq_id)
-        if arr is None:
-            arr = np.asarray(self._tables.get(seq_id, ()), dtype=np.int64)
-            arr.flags.writeable = False
-            self._arrays[seq_id] = arr
-        return arr
-
-    def block_inverse(self, seq_id: int) -> np.ndarray:
-        """Logical index of each physical block of the sequence (-1 for blocks not in
-        it), indexed by physical id up to the sequence's largest; cached like
-        ``block_array``. Lets a plan name the logical blocks its pool reads cover."""
-        inv = self._inverses.get(seq_id)
-        if inv is None:
-            inv = inverse_table(self.block_array(seq_id))
-            inv.flags.writeable = False
-            self._inverses[seq_id] = inv
-        return inv
+        """``block_table`` as an int64 array."""
+        return np.asarray(self._tables.get(seq_id, ()), dtype=np.int64)
 
     def capacity(self, seq_id: int) -> int:
         """Token positions the sequence's blocks can hold."""
@@ -224,14 +205,10 @@ class KVCache:
 
     def _set_table(self, seq_id: int, table: list[int]) -> None:
         self._tables[seq_id] = table
-        self._arrays.pop(seq_id, None)
-        self._inverses.pop(seq_id, None)
 
     def free(self, seq_id: int) -> int:
         """Return a sequence's blocks to the pool; returns how many were freed."""
         table = self._tables.pop(seq_id, [])
-        self._arrays.pop(seq_id, None)
-        self._inverses.pop(seq_id, None)
         self.blocks.release(table)
         return len(table)
 

@@ -25,10 +25,10 @@ from declattn.engine.decode import (
     decode_batch,
     resolve_kernel,
 )
-from declattn.engine.kv import KVCache
+from declattn.engine.kv import KVCache, inverse_table
 from declattn.engine.prefill import prefill_attention, viewed_prefill_attention
 from declattn.engine.reads import BlockRead, ReadCounter
-from declattn.engine.runs import Carried, PlanCarry, RunPlan, plan_runs, sorted_unique, view_key
+from declattn.engine.runs import RunPlan, plan_runs, sorted_unique
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,9 @@ class _SeqPlan:
     row: int
     table: np.ndarray
     global_runs: RunPlan | None
+    # Decode rows: the logical index of each physical block of ``table`` (``inverse_table``),
+    # with which a plan names the blocks its reads cover.
+    inverse: np.ndarray | None = None
     # Prefill rows: pool rows of positions [0, length), a (lo, hi) range when the
     # sequence's blocks are physically consecutive (a zero-copy slice), else an index.
     key_rows: tuple[int, int] | Tensor | None = None
@@ -127,13 +130,11 @@ class PagedAttention(PlannedDecode):
         *,
         kernel: Kernel = "auto",
         placement_invariant: bool = False,
-        carry: PlanCarry | None = None,
     ) -> None:
         """``kernel`` forces a decode path (``native`` or ``torch``) where a benchmark or a
         test compares them; the engine leaves it on ``auto``. ``placement_invariant``:
         decode rows' results must not depend on where their blocks sit (see
-        ``decode_batch``); batch-invariant mode asks for it. ``carry``: the plans of the
-        previous step, grown where they still hold (the engine keeps one across steps)."""
+        ``decode_batch``); batch-invariant mode asks for it."""
         self.cache = cache
         self.counter = counter
         self.kernel = resolve_kernel(kernel, cache.k[0])
@@ -144,7 +145,6 @@ class PagedAttention(PlannedDecode):
         seen: set[int] = set()
         plans: list[_SeqPlan] = []
         new_slots: list[Tensor] = []
-        carried: dict[int, Carried] = {}
         row = 0
         for st in steps:
             if st.seq_id in seen:
@@ -158,18 +158,12 @@ class PagedAttention(PlannedDecode):
                     f"{st.length}: call cache.allocate first"
                 )
             n_blocks = -(-st.length // bs)
-            whole = cache.block_array(st.seq_id)
-            table = whole[:n_blocks]
+            table = cache.block_array(st.seq_id)[:n_blocks]
             plan = _SeqPlan(st, row, table, None)
             if st.is_decode:
-                view = view_key(st.view)
-                runs = carry.grown(st.seq_id, view, st.length, whole, bs) if carry else None
-                if runs is None:
-                    keep = range(n_blocks) if view is None else self._check_view(st, n_blocks)
-                    inverse = cache.block_inverse(st.seq_id)
-                    runs = plan_runs(table, keep, 0, st.length, bs, self._device, inverse)
-                plan.global_runs = runs
-                carried[st.seq_id] = Carried(view, st.length, whole, runs)
+                keep = range(n_blocks) if st.view is None else self._check_view(st, n_blocks)
+                plan.inverse = inverse = inverse_table(table)
+                plan.global_runs = plan_runs(table, keep, 0, st.length, bs, self._device, inverse)
                 new_slots.append(cache.slots(st.seq_id, st.start, st.length))
             elif _consecutive(table):
                 first = int(table[0]) * bs
@@ -194,8 +188,6 @@ class PagedAttention(PlannedDecode):
         self._selecting = any(p.step.select is not None for p in self._decode_plans)
         self._batches: dict[int | None, RunBatch] = {}
         self._new_slots = _as_rows(new_slots, native=cache.stores_natively())
-        if carry is not None:
-            carry.keep(carried)
         self.step = counter.begin_step() if counter is not None else -1
 
     @staticmethod
@@ -229,8 +221,7 @@ class PagedAttention(PlannedDecode):
             lo = max(0, st.length - window)
             bs = self.cache.block_size
             keep = range(lo // bs, -(-st.length // bs))
-            inverse = self.cache.block_inverse(st.seq_id)
-            runs = plan_runs(plan.table, keep, lo, st.length, bs, self._device, inverse)
+            runs = plan_runs(plan.table, keep, lo, st.length, bs, self._device, plan.inverse)
             plan.window_runs[window] = runs
         return runs
 
