@@ -33,3 +33,15 @@ def test_doctor_names_the_native_build_its_ops_and_the_decode_route(
     text = capsys.readouterr().out
     assert f"native extension: {lib.variant} ({lib.origin}: " in text
     assert "decode route: stack: 30 layers" in text and "gguf_linear: " in text
+
+
+def test_a_model_the_engine_cannot_load_is_said_and_the_rest_still_runs(
+    tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A model only vLLM would load (here: none at all) does not stop the doctor."""
+    missing = str(tmp_path / "no-such-model")
+    assert main(["doctor", "--model", missing, "--engine-only", "--json"]) == 0
+    engine = json.loads(capsys.readouterr().out)["engine"]
+    assert engine["decode_route"]["kind"] is None
+    assert engine["decode_route"]["why"].startswith("not loadable here (")
+    assert engine["native"] is not None

@@ -51,9 +51,13 @@ def engine_report(model: str) -> dict[str, Any]:
             "why": lib.why, "isa": list(lib.isa)},
         "ops": native.op_paths(),
     }
-    with user_errors():
-        route = Engine.from_pretrained(model).decode_route
-    report["decode_route"] = {"kind": route.kind, "why": route.why}
+    try:
+        with user_errors():
+            route = Engine.from_pretrained(model).decode_route
+    except UserError as e:  # a model only vLLM loads: the vLLM part still runs
+        report["decode_route"] = {"kind": None, "why": f"not loadable here ({e})"}
+    else:
+        report["decode_route"] = {"kind": route.kind, "why": route.why}
     return report
 
 
@@ -69,7 +73,7 @@ def print_engine_report(report: dict[str, Any]) -> None:
     for op, path in report["ops"].items():
         out.print(f"  {op}: {path}", markup=False)
     route = report["decode_route"]
-    out.print(f"decode route: {route['kind']}: {route['why']}", markup=False)
+    out.print(f"decode route: {route['kind'] or 'none'}: {route['why']}", markup=False)
 
 
 def run(args: argparse.Namespace) -> int:

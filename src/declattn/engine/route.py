@@ -48,15 +48,13 @@ def _blocker(model: Decoder) -> str | None:
 
 def choose_route(model: Decoder) -> DecodeRoute:
     """Decide how ``model``'s decode steps run, give it that route, and return it."""
-    layers = GGUFDecodeLayers.layers_of(model)
-    blocker = _blocker(model) if not isinstance(layers, str) else None
-    if isinstance(layers, str):  # the weights say more than the kernels to a user
-        route = DecodeRoute("modules", layers)
-    elif blocker is not None:
-        route = DecodeRoute("modules", blocker)
+    layers = GGUFDecodeLayers.layers_of(model)  # the weights first: they say more to a user
+    why_not = layers if isinstance(layers, str) else _blocker(model)
+    if why_not is not None:
+        route = DecodeRoute("modules", why_not)
     else:
         lib = native.library()
-        assert lib is not None
+        assert lib is not None and not isinstance(layers, str), "_blocker checked both"
         why = (f"{len(layers)} layers of GGUF blocks, one native call per decode step "
                f"(native build {lib.variant})")
         route = DecodeRoute("stack", why, GGUFDecodeLayers(layers, model.norm.weight.dtype))
