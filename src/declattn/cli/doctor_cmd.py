@@ -69,11 +69,12 @@ def print_engine_report(report: dict[str, Any]) -> None:
         out.print("native extension: unavailable (see the warning above); torch ops run")
     else:
         out.print(f"native extension: {lib['variant']} ({lib['origin']}: {lib['path']}); "
-                  f"{lib['why']}", markup=False)
+                  f"{lib['why']}", markup=False, soft_wrap=True)
     for op, path in report["ops"].items():
-        out.print(f"  {op}: {path}", markup=False)
+        out.print(f"  {op}: {path}", markup=False, soft_wrap=True)
     route = report["decode_route"]
-    out.print(f"decode route: {route['kind'] or 'none'}: {route['why']}", markup=False)
+    out.print(f"decode route: {route['kind'] or 'none'}: {route['why']}", markup=False,
+              soft_wrap=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"engine": engine, "vllm": f"skipped: {skipped}"}, indent=1))
         else:
             print_engine_report(engine)
-            console().print(f"vLLM checks skipped: {skipped}", markup=False)
+            console().print(f"vLLM checks skipped: {skipped}", markup=False, soft_wrap=True)
         return 0
     from declattn.vllm.doctor import run_doctor
     from declattn.vllm.offline import parse_llm_args
