@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .build import KernelBuildError
-from .load import ENV_CHOICE, Library, library
-from .variants import cpu_flags
+from declattn.engine.native.build import KernelBuildError
+from declattn.engine.native.load import ENV_CHOICE, Library, library
+from declattn.engine.native.variants import cpu_flags
 
 __all__ = [
     "ENV_CHOICE", "ENV_SWITCH", "SCORINGS", "KernelBuildError", "Library", "cpu_flags",

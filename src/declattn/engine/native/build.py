@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+# relative: setup.py loads this folder as a package of its own, without declattn's imports
 from .variants import CSRC, Variant, by_name
 
 COMPILE = ("-O3", "-ffp-contract=fast", "-std=c++17", "-fPIC")

@@ -29,9 +29,7 @@ from pathlib import Path
 
 import torch
 
-from declattn.engine.paths import cache_root
-
-from .build import (
+from declattn.engine.native.build import (
     KernelBuildError,
     Manifest,
     build,
@@ -41,7 +39,15 @@ from .build import (
     openmp_works,
     sources_key,
 )
-from .variants import Variant, best, by_name, cpu_flags, native_variant, shipped
+from declattn.engine.native.variants import (
+    Variant,
+    best,
+    by_name,
+    cpu_flags,
+    native_variant,
+    shipped,
+)
+from declattn.engine.paths import cache_root
 
 PACKAGE_LIB = Path(__file__).resolve().parent / "lib"
 """Where ``setup.py`` puts the variants it builds (a wheel's, or a checkout's in place)."""
