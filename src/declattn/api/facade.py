@@ -31,6 +31,7 @@ from declattn.engine.controller import Controller
 from declattn.engine.engine import DEFAULT_PREFILL_CHUNK, PagedEngine
 from declattn.engine.kv import PoolStats, SequenceKeys
 from declattn.engine.loader import LoadedModel, load_model
+from declattn.engine.models.decoder import DecodeRoute
 from declattn.engine.registry import resolve_model
 from declattn.engine.request import Request, TokenEvent
 from declattn.engine.sampler import SamplingParams
@@ -187,6 +188,12 @@ class Engine:
         if self._core is None:
             return PoolStats.empty(self._num_blocks, self._block_size)
         return self._core.cache.stats()
+
+    @property
+    def decode_route(self) -> DecodeRoute:
+        """How the model's decode steps run (chosen at load: ``engine/route.py``), why, and
+        the decode steps that could not take it, by reason."""
+        return self.loaded.model.decode_route
 
     @property
     def kv_dtype(self) -> str:

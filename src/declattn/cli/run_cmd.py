@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
             save = args.save and (suffixed(args.save, f"q{i}") if len(questions) > 1 else args.save)
             report_answers(answers, args, out, question, record_paths(save, arms))
             results.append({"question": question, **summary(answers)})
+        out.print(f"decode route: {engine.decode_route.describe()}", markup=False, soft_wrap=True)
     if args.json:
         print(json.dumps(results[0] if len(results) == 1 else results, indent=1,
                          ensure_ascii=False))

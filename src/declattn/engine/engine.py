@@ -25,7 +25,6 @@ from declattn.engine.models.token_context import TokenContext, token_context
 from declattn.engine.paged import PagedAttention, SeqStep
 from declattn.engine.reads import ReadCounter
 from declattn.engine.request import Request, StepRead, TokenEvent
-from declattn.engine.runs import PlanCarry
 from declattn.engine.sampler import SamplingParams, sample
 from declattn.engine.stops import cut_at_stop
 
@@ -88,7 +87,6 @@ class PagedEngine:
             prefix_caching=prefix_caching,
         )
         self.counter = ReadCounter()
-        self._carry = PlanCarry()  # decode plans carried from step to step
         self._global_layers = [i for i in range(c.num_layers) if c.window(i) is None]
         self._eos = set(c.eos_token_ids)
         if getattr(tokenizer, "eos_token_id", None) is not None:
@@ -337,8 +335,7 @@ class PagedEngine:
         ids = torch.tensor([s.output_ids[-1] for s in seqs], device=self.device)
         pos = torch.tensor([s.length - 1 for s in seqs], device=self.device)
         attn = PagedAttention(
-            self.cache, steps, self.counter, placement_invariant=self.batch_invariant,
-            carry=self._carry,
+            self.cache, steps, self.counter, placement_invariant=self.batch_invariant
         )
         context = self._context([(s, range(s.length - 1, s.length)) for s in seqs])
         hidden = self.model(ids, pos, attn, context)
@@ -403,7 +400,6 @@ class PagedEngine:
 
     def _free(self, seq: Request) -> None:
         self.cache.free(seq.seq_id)
-        self._carry.drop(seq.seq_id)
 
     def _finish(self, seq: Request, reason: str) -> None:
         seq.finish_reason = reason

@@ -25,10 +25,10 @@ from declattn.engine.decode import (
     decode_batch,
     resolve_kernel,
 )
-from declattn.engine.kv import KVCache
+from declattn.engine.kv import KVCache, inverse_table
 from declattn.engine.prefill import prefill_attention, viewed_prefill_attention
 from declattn.engine.reads import BlockRead, ReadCounter
-from declattn.engine.runs import Carried, PlanCarry, RunPlan, plan_runs, sorted_unique, view_key
+from declattn.engine.runs import RunPlan, plan_runs, sorted_unique
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,9 @@ class _SeqPlan:
     row: int
     table: np.ndarray
     global_runs: RunPlan | None
+    # Decode rows: the logical index of each physical block of ``table`` (``inverse_table``),
+    # with which a plan names the blocks its reads cover.
+    inverse: np.ndarray | None = None
     # Prefill rows: pool rows of positions [0, length), a (lo, hi) range when the
     # sequence's blocks are physically consecutive (a zero-copy slice), else an index.
     key_rows: tuple[int, int] | Tensor | None = None
@@ -92,12 +95,15 @@ def _consecutive(table: np.ndarray) -> bool:
     return table.size < 2 or bool((np.diff(table) == 1).all())
 
 
-def _as_rows(slots: list[Tensor]) -> Tensor | slice:
-    """The step's new pool rows; one consecutive range becomes a slice (a plain copy
-    instead of an indexed write, which matters once per layer per decode step)."""
+def _as_rows(slots: list[Tensor], native: bool = False) -> Tensor | slice:
+    """The step's new pool rows; on the torch path one consecutive range becomes a slice
+    (a plain copy instead of an indexed write, which matters once per layer per decode
+    step); the ``native`` store takes the rows as they are."""
     if not slots:
         return torch.empty(0, dtype=torch.int64)
     rows = torch.cat(slots) if len(slots) > 1 else slots[0]
+    if native:
+        return rows
     lo, n = int(rows[0]), rows.numel()
     if int(rows[-1]) == lo + n - 1 and (n < 3 or bool((rows.diff() == 1).all())):
         return slice(lo, lo + n)
@@ -124,13 +130,11 @@ class PagedAttention(PlannedDecode):
         *,
         kernel: Kernel = "auto",
         placement_invariant: bool = False,
-        carry: PlanCarry | None = None,
     ) -> None:
         """``kernel`` forces a decode path (``native`` or ``torch``) where a benchmark or a
         test compares them; the engine leaves it on ``auto``. ``placement_invariant``:
         decode rows' results must not depend on where their blocks sit (see
-        ``decode_batch``); batch-invariant mode asks for it. ``carry``: the plans of the
-        previous step, grown where they still hold (the engine keeps one across steps)."""
+        ``decode_batch``); batch-invariant mode asks for it."""
         self.cache = cache
         self.counter = counter
         self.kernel = resolve_kernel(kernel, cache.k[0])
@@ -141,7 +145,6 @@ class PagedAttention(PlannedDecode):
         seen: set[int] = set()
         plans: list[_SeqPlan] = []
         new_slots: list[Tensor] = []
-        carried: dict[int, Carried] = {}
         row = 0
         for st in steps:
             if st.seq_id in seen:
@@ -155,18 +158,12 @@ class PagedAttention(PlannedDecode):
                     f"{st.length}: call cache.allocate first"
                 )
             n_blocks = -(-st.length // bs)
-            whole = cache.block_array(st.seq_id)
-            table = whole[:n_blocks]
+            table = cache.block_array(st.seq_id)[:n_blocks]
             plan = _SeqPlan(st, row, table, None)
             if st.is_decode:
-                view = view_key(st.view)
-                runs = carry.grown(st.seq_id, view, st.length, whole, bs) if carry else None
-                if runs is None:
-                    keep = range(n_blocks) if view is None else self._check_view(st, n_blocks)
-                    inverse = cache.block_inverse(st.seq_id)
-                    runs = plan_runs(table, keep, 0, st.length, bs, self._device, inverse)
-                plan.global_runs = runs
-                carried[st.seq_id] = Carried(view, st.length, whole, runs)
+                keep = range(n_blocks) if st.view is None else self._check_view(st, n_blocks)
+                plan.inverse = inverse = inverse_table(table)
+                plan.global_runs = plan_runs(table, keep, 0, st.length, bs, self._device, inverse)
                 new_slots.append(cache.slots(st.seq_id, st.start, st.length))
             elif _consecutive(table):
                 first = int(table[0]) * bs
@@ -190,9 +187,7 @@ class PagedAttention(PlannedDecode):
         )
         self._selecting = any(p.step.select is not None for p in self._decode_plans)
         self._batches: dict[int | None, RunBatch] = {}
-        self._new_slots = _as_rows(new_slots)
-        if carry is not None:
-            carry.keep(carried)
+        self._new_slots = _as_rows(new_slots, native=cache.stores_natively())
         self.step = counter.begin_step() if counter is not None else -1
 
     @staticmethod
@@ -226,8 +221,7 @@ class PagedAttention(PlannedDecode):
             lo = max(0, st.length - window)
             bs = self.cache.block_size
             keep = range(lo // bs, -(-st.length // bs))
-            inverse = self.cache.block_inverse(st.seq_id)
-            runs = plan_runs(plan.table, keep, lo, st.length, bs, self._device, inverse)
+            runs = plan_runs(plan.table, keep, lo, st.length, bs, self._device, plan.inverse)
             plan.window_runs[window] = runs
         return runs
 
@@ -279,26 +273,31 @@ class PagedAttention(PlannedDecode):
         self._record(layer, batch, window is not None)
         return decode_batch(kp, vp, q, batch, scale, self.kernel, self.placement_invariant)
 
-    def decode_reads(self, windows: Sequence[int | None]) -> DecodeReads | None:
+    def decode_reads(self, windows: Sequence[int | None]) -> DecodeReads | str | None:
         """This step's reads on every layer for a native layer runner (``PlannedDecode``):
-        only a pure decode step with no query-aware selection, its new rows consecutive,
-        on the native kernels; ``None`` otherwise."""
+        a pure decode step with no query-aware selection, on the native kernels."""
         if not self._decode_plans or len(self._decode_plans) != len(self._plans):
             return None
-        if self._selecting or self.kernel != "native" or not isinstance(self._new_slots, slice):
-            return None
-        if not self.cache.stores_natively() or len(windows) != len(self.cache.k):
-            return None
+        if len(windows) != len(self.cache.k):
+            raise ValueError(f"{len(windows)} windows for {len(self.cache.k)} layers")
         if any(w is not None and w < 1 for w in windows):
             raise ValueError("window must be >= 1")
+        if self._selecting:
+            return "query-aware selection (a layer's blocks depend on its query)"
+        if self.kernel != "native":
+            return "decode attention on the torch kernel"
+        if not self.cache.stores_natively():
+            return "a KV pool the native store does not write"
         batches = [self._shared_batch(w) for w in windows]
 
         def record() -> None:
             for layer, (batch, window) in enumerate(zip(batches, windows, strict=True)):
                 self._record(layer, batch, window is not None)
 
+        rows = self._new_slots
+        assert isinstance(rows, Tensor), "a native store takes the rows as a tensor"
         return DecodeReads(
-            self._n_rows, list(self.cache.k), list(self.cache.v), self._new_slots.start,
+            self._n_rows, list(self.cache.k), list(self.cache.v), rows,
             [b.runs for b in batches], [b.offsets for b in batches], MIN_SPLIT_ROWS, record,
         )
 
