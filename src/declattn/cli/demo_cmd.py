@@ -19,8 +19,10 @@ from declattn.cli.common import (
     UserError,
     add_dtype_arg,
     add_focus_args,
+    add_kv_cache_args,
     console,
     focus_options,
+    kv_cache_kwargs,
     user_errors,
 )
 from declattn.protocol.instruction import BRIEF_INSTRUCTION
@@ -45,6 +47,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: one per core the load average leaves idle)")
     add_focus_args(p)
+    add_kv_cache_args(p)
     p.set_defaults(func=run)
 
 
@@ -65,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with user_errors():
         with out.status(f"loading {args.model}"):
-            engine = Engine.from_pretrained(args.model, dtype=args.dtype)
+            engine = Engine.from_pretrained(args.model, dtype=args.dtype, **kv_cache_kwargs(args))
         tiny = engine.da_defaults.instruction == BRIEF_INSTRUCTION  # trained to declare
         doc = _tiny_document(args) if tiny else _essay_document(engine, args)
         out.print(f"{doc.description}\nquestion: {doc.questions[0].question}")
@@ -100,6 +103,8 @@ def _evidence(ans: Any, q: DemoQuestion) -> list[int]:
 
 def _summarise(out: Any, i: int, q: DemoQuestion, ans: Any, wall: float) -> None:
     """Was it right, was the focus on the fact, what did it save, what did it cost."""
+    from declattn.cli.answering import kv_sources
+
     chunks = _evidence(ans, q)
     focused = sorted({n for d in ans.declarations if d.accepted for n in d.focus_ids})
     correct = q.expected.lower() in (ans.answer or "").lower()
@@ -110,8 +115,8 @@ def _summarise(out: Any, i: int, q: DemoQuestion, ans: Any, wall: float) -> None
         f"fact in chunk(s) {chunks}; focused {focused or 'none'} (held the fact: {held}); "
         f"[bold]saving {s.saving:.1%}[/] of vanilla's attended tokens "
         f"({s.physical_saving:.1%} of KV blocks read); answered in {wall:.1f} s "
-        f"(prefill {s.prefill_seconds:.1f} s, {s.cached_tokens:,} of {s.prompt_tokens:,} "
-        "prompt tokens from the prefix cache)"
+        f"(prefill {s.prefill_seconds:.1f} s; prompt KV: {kv_sources(s)})"
+        + (" [bold]KV from disk[/]" if s.disk_tokens else "")
     )
 
 
