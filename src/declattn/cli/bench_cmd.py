@@ -238,7 +238,8 @@ def run_reuse(args: argparse.Namespace) -> int:
     if args.across_processes:
         return _reuse_across_processes(args, cfg, threads, err)
     with user_errors():
-        engine = Engine.from_pretrained(args.model)
+        # the first question is the cold one: nothing from an earlier run's disk tier
+        engine = Engine.from_pretrained(args.model, kv_disk=False)
         result = bench(engine, cfg, log=lambda msg: err.print(f"[dim]{msg}[/dim]"))
     result["machine"] = machine_info() | {"torch_threads": threads}
     result["model"] = args.model

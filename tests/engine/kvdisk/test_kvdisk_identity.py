@@ -63,7 +63,16 @@ def test_the_weights_fingerprint_sees_other_weights_dtypes_and_modules() -> None
     with torch.no_grad():
         a.layers[0].attn.q_proj.weight[0, 0] += 1.0  # inside the sampled first 4 KiB
     assert weights_fingerprint(a, full=False) != fa
-    assert model_identity(b, None, Path("unused")).startswith("weights:")
+    whole = model_identity(b, None, Path("unused"))  # no files: every byte of the weights
+    assert whole.endswith(f"weights:{weights_fingerprint(b, full=True)}")
+
+
+def test_the_model_config_as_loaded_is_part_of_the_identity() -> None:
+    a = tiny_model(seed=1)
+    before = model_identity(a, None, Path("unused"))
+    rope = dataclasses.replace(a.config.rope_global, theta=500000.0)
+    a.config = dataclasses.replace(a.config, rope_global=rope)  # no tensor changes
+    assert model_identity(a, None, Path("unused")) != before
 
 
 def test_every_field_of_a_namespace_changes_its_key() -> None:

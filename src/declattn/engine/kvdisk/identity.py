@@ -4,11 +4,11 @@ A chunk file is named by the chained digest of its tokens (``blocks.block_digest
 which says nothing about who computed it. Everything else that decides its bytes names
 the directory it lives in, so that a change of any of them misses instead of matching:
 
-- the model: a sha256 of its files (read once per version of them, then kept in a stamp
-  under their path, size, inode and modification time), plus a fingerprint of the
-  weights as loaded (every tensor's name, dtype and shape and its first and last 4 KiB:
-  packed or dense, the dtype, an adapter added in memory). A model with no files (random
-  weights in tests) is hashed whole;
+- the model: its config as loaded, a sha256 of its files (read once per version of
+  them, then kept in a stamp under their path, size, inode and modification time), and a
+  fingerprint of the weights as loaded (every tensor's name, dtype and shape and its
+  first and last 4 KiB: packed or dense, the dtype, an adapter added in memory). A model
+  with no files (random weights in tests) is hashed whole;
 - the KV pool: dtype, block size, layers, KV heads, head size; the prefill chunk (the
   chunk boundaries decide the summation order, see ``PagedEngine._share_prefix``);
 - the engine's own source (every ``.py`` and C++ file under ``engine/``): a code change
@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from declattn.engine.models import Decoder
 
 _SAMPLE = 4096  # bytes of each tensor's start and end in a weights fingerprint
 _READ = 4 * 1024 * 1024
@@ -137,12 +139,14 @@ def weights_fingerprint(model: nn.Module, *, full: bool) -> str:
     return h.hexdigest()
 
 
-def model_identity(model: nn.Module, source: Path | None, stamps: Path) -> str:
-    """The model's part of a namespace: its files' digest and its weights' fingerprint,
-    or, with no ``source`` file, every byte of its weights."""
+def model_identity(model: Decoder, source: Path | None, stamps: Path) -> str:
+    """The model's part of a namespace: its config as loaded, its files' digest and its
+    weights' fingerprint, or, with no ``source`` file, every byte of its weights."""
+    config = f"config:{hashlib.sha256(repr(model.config).encode()).hexdigest()}"
     if source is None:
-        return "weights:" + weights_fingerprint(model, full=True)
-    return f"files:{file_digest(source, stamps)} weights:{weights_fingerprint(model, full=False)}"
+        return f"{config} weights:{weights_fingerprint(model, full=True)}"
+    files = file_digest(source, stamps)
+    return f"{config} files:{files} weights:{weights_fingerprint(model, full=False)}"
 
 
 @functools.cache

@@ -14,10 +14,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from torch import nn
-
 from declattn.engine.kvdisk.identity import model_identity
 from declattn.engine.kvdisk.store import STAMPS, usage
+from declattn.engine.models import Decoder
 
 DEFAULT_MAX_BYTES = 20 * 1024**3
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
@@ -65,7 +64,7 @@ def default_limit(root: Path) -> int:
 
 
 def disk_options(
-    model: nn.Module,
+    model: Decoder,
     source: Path | None,
     model_name: str,
     directory: Path | None,
