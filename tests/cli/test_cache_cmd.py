@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from declattn.cli import main
-from declattn.engine.kvdisk.chunkfile import ChunkMeta, encode, write_atomic
+from declattn.engine.kvdisk.atomic import write_atomic
+from declattn.engine.kvdisk.chunkfile import ChunkMeta, encode
 from declattn.engine.kvdisk.identity import Namespace
 from declattn.engine.kvdisk.store import chunk_path, ensure_namespace
 

@@ -16,7 +16,8 @@ from disk_world import chunk_files, engine, run
 from tiny_world import prompt, tiny_model
 
 from declattn.engine.controller import Controller
-from declattn.engine.kvdisk.chunkfile import TMP_PREFIX, ChunkMeta, read_chunk, read_header
+from declattn.engine.kvdisk.atomic import TMP_PREFIX
+from declattn.engine.kvdisk.chunkfile import ChunkMeta, read_chunk, read_header
 from declattn.engine.kvdisk.store import scan
 
 HERE = Path(__file__).parent

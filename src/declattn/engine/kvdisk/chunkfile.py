@@ -7,20 +7,14 @@ its parent's (the chunk before it; empty for a first chunk), its index in the ch
 token count, a sha256 of ``k``'s bytes then ``v``'s, when it was written, and for a
 first chunk a few words of its text (for ``declattn cache ls``).
 
-A file is written under a temporary name in the same directory, flushed to the disk
-(``fsync``) and renamed into place, so a reader sees a whole file or none; a process
-killed mid-write leaves only a temporary file, which no reader opens. A reader checks
+Files are written whole or not at all (``atomic.write_atomic``). A reader checks
 the header against what it looks for (namespace, digest, parent, index, shape, dtype)
 and the checksum against the bytes: any difference raises ``DamagedChunk``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import os
-import secrets
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +26,6 @@ from torch import Tensor
 FORMAT_VERSION = "1"
 """The file layout's version: bump it when what a file holds or means changes."""
 SUFFIX = ".safetensors"
-TMP_PREFIX = ".tmp-"
 
 
 class DamagedChunk(Exception):
@@ -125,43 +118,3 @@ def read_chunk(
     if checksum(k, v) != recorded:
         raise DamagedChunk("checksum mismatch")
     return k, v
-
-
-def tmp_name(final: Path) -> Path:
-    """A temporary name beside ``final`` that says who writes it (host and process), so a
-    sweep can tell a write in progress from one a killed process left."""
-    host = socket.gethostname().replace(".", "_")
-    return final.with_name(f"{TMP_PREFIX}{final.stem}.{host}.{os.getpid()}.{secrets.token_hex(4)}")
-
-
-def write_atomic(final: Path, data: bytes) -> None:
-    """Write ``data`` to ``final`` whole or not at all: temporary file, fsync, rename. A
-    file already at ``final`` (another process wrote the same chunk) is replaced by an
-    equal one, so one valid copy remains either way."""
-    tmp = tmp_name(final)
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(final.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename itself durable (best effort: not every platform opens directories)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

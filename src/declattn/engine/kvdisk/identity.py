@@ -27,7 +27,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import platform
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from declattn.engine.kvdisk.atomic import write_atomic
 from declattn.engine.models import Decoder
 
 _SAMPLE = 4096  # bytes of each tensor's start and end in a weights fingerprint
@@ -113,9 +113,7 @@ def file_digest(path: Path, stamps: Path) -> str:
     digest = _sha256_files(files, path if path.is_dir() else None)
     try:
         stamps.mkdir(parents=True, exist_ok=True)
-        tmp = stamp.with_name(f".tmp-{stamp.name}.{os.getpid()}")
-        tmp.write_text(json.dumps({"files": ident, "sha256": digest}))
-        os.replace(tmp, stamp)
+        write_atomic(stamp, json.dumps({"files": ident, "sha256": digest}).encode())
     except OSError:
         pass
     return digest

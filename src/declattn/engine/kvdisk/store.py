@@ -2,7 +2,7 @@
 
     <root>/<namespace key>/namespace.json        what the namespace is (for listings)
     <root>/<namespace key>/<digest>.safetensors  one prefill chunk (``chunkfile.py``)
-    <root>/<namespace key>/.tmp-*                a write in progress, or a killed one's
+    <root>/<namespace key>/.tmp-*                a write in progress, or a dead one's
     <root>/stamps/                               model files' digests (``identity.py``)
 
 A chunk file's modification time is its last use: set when it is written, touched each
@@ -17,28 +17,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import socket
 import time
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from declattn.engine.kvdisk.chunkfile import (
-    SUFFIX,
-    TMP_PREFIX,
-    ChunkMeta,
-    DamagedChunk,
-    read_header,
-)
+from declattn.engine.kvdisk.atomic import TMP_PREFIX, is_dead, write_atomic
+from declattn.engine.kvdisk.chunkfile import SUFFIX, ChunkMeta, DamagedChunk, read_header
 from declattn.engine.kvdisk.identity import Namespace
 
 STAMPS = "stamps"
 NAMESPACE_FILE = "namespace.json"
-STALE_TMP_SECONDS = 3600
-"""A temporary file older than this is a dead write even where its writer cannot be
-asked (another host sharing the directory)."""
 
 
 @dataclass(frozen=True)
@@ -93,9 +83,7 @@ def ensure_namespace(root: Path, ns: Namespace) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     record = directory / NAMESPACE_FILE
     if not record.exists():
-        tmp = directory / f"{TMP_PREFIX}{NAMESPACE_FILE}.{socket.gethostname()}.{os.getpid()}.ns"
-        tmp.write_text(json.dumps(ns.to_dict(), indent=1))
-        os.replace(tmp, record)
+        write_atomic(record, json.dumps(ns.to_dict(), indent=1).encode())
 
 
 def namespaces(root: Path) -> dict[str, dict[str, object]]:
@@ -116,22 +104,6 @@ def _namespace_dirs(root: Path) -> list[Path]:
         return []
 
 
-def _dead_tmp(path: Path, age: float) -> bool:
-    """A temporary file whose writer is gone: too old, or its process is not running."""
-    if age > STALE_TMP_SECONDS:
-        return True
-    parts = path.name[len(TMP_PREFIX):].split(".")
-    if len(parts) < 3 or parts[-3] != socket.gethostname().replace(".", "_"):
-        return False
-    try:
-        os.kill(int(parts[-2]), 0)
-    except ProcessLookupError:
-        return True
-    except (ValueError, PermissionError, OSError):
-        return False
-    return False
-
-
 def scan(root: Path) -> Scan:
     """Read every namespace's chunk headers and sizes (one small read per file)."""
     chunks, junk, other = [], [], 0
@@ -141,8 +113,8 @@ def scan(root: Path) -> Scan:
             st = f.stat()
         except OSError:
             continue  # removed meanwhile
-        if f.parent.name != STAMPS and f.name.startswith(TMP_PREFIX):
-            if _dead_tmp(f, now - st.st_mtime):
+        if f.name.startswith(TMP_PREFIX):
+            if is_dead(f, now - st.st_mtime):
                 junk.append(f)
             else:
                 other += st.st_size

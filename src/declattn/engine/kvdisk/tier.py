@@ -37,13 +37,8 @@ import torch
 from torch import Tensor
 
 from declattn.engine.kv import KVCache, KVConfig, PoolExhausted
-from declattn.engine.kvdisk.chunkfile import (
-    ChunkMeta,
-    DamagedChunk,
-    encode,
-    read_chunk,
-    write_atomic,
-)
+from declattn.engine.kvdisk.atomic import write_atomic
+from declattn.engine.kvdisk.chunkfile import ChunkMeta, DamagedChunk, encode, read_chunk
 from declattn.engine.kvdisk.identity import Namespace, engine_digest, platform_identity
 from declattn.engine.kvdisk.options import DiskOptions, default_limit
 from declattn.engine.kvdisk.store import chunk_path, ensure_namespace, evict, usage
