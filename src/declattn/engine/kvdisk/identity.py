@@ -60,7 +60,7 @@ class Namespace:
     engine: str
     platform: str
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """32 hex digits naming the namespace's directory."""
         fields = asdict(self)
