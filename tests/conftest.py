@@ -12,6 +12,7 @@ import pytest
 REAL_MODEL_DIRS = {"server", "vllm"}
 REAL_MODEL_MODULES = {
     "bench/test_bench_decode.py",
+    "bench/test_bench_reuse.py",
     "cli/test_run_cmd.py",
     "cli/test_train_cmd.py",
     "engine/test_loader.py",
