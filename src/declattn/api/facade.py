@@ -30,8 +30,10 @@ from declattn.da.options import DAOptions, model_da_defaults
 from declattn.engine.controller import Controller
 from declattn.engine.engine import DEFAULT_PREFILL_CHUNK, PagedEngine
 from declattn.engine.kv import PoolStats, SequenceKeys
+from declattn.engine.kvdisk.options import DiskOptions, disk_options, parse_size
 from declattn.engine.loader import LoadedModel, load_model
 from declattn.engine.models.decoder import DecodeRoute
+from declattn.engine.paths import kv_cache_root
 from declattn.engine.registry import resolve_model
 from declattn.engine.request import Request, TokenEvent
 from declattn.engine.sampler import SamplingParams
@@ -75,6 +77,10 @@ class Engine:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         prefix_caching: bool = True,
         batch_invariant: bool = False,
+        kv_disk: bool = True,
+        kv_cache_dir: str | Path | None = None,
+        kv_cache_size: int | str | None = None,
+        model_name: str | None = None,
     ) -> None:
         """``kv_tokens`` sizes the KV pool shared by all sequences in flight; by default
         ``DEFAULT_KV_TOKENS``, or one sequence of the model's whole context if that is
@@ -84,7 +90,15 @@ class Engine:
         ``prefix_caching``: a prompt that starts like an earlier one takes over the
         earlier one's K/V for that part instead of computing it again (the second
         question over a document, the next turn of a chat, every arm of an evaluation
-        after the first); results are bit for bit those of a fresh prefill."""
+        after the first); results are bit for bit those of a fresh prefill.
+
+        ``kv_disk``: the prefix cache also keeps whole prefill chunks on disk, so a later
+        process asking over the same document reads its K/V instead of computing it
+        (``engine/kvdisk``); under ``kv_cache_dir`` (default ``$DECLATTN_KV_CACHE_DIR``,
+        else ``~/.cache/declattn/kv``), at most ``kv_cache_size`` bytes (or ``"20G"``;
+        default 20 GiB, or half the disk's free space if less). A model built in memory
+        (no files) gets it only with an explicit ``kv_cache_dir``. ``model_name``: what
+        ``declattn cache ls`` shows (``from_pretrained`` passes the name it was given)."""
         if loaded.tokenizer is None:
             raise ValueError(f"{loaded.source}: the model has no tokenizer")
         if kv_tokens is not None and kv_tokens < 1:
@@ -99,6 +113,11 @@ class Engine:
         self._prefill_chunk = prefill_chunk
         self._prefix_caching = prefix_caching
         self._batch_invariant = batch_invariant
+        # the prefix cache's disk tier (#43)
+        self._kv_disk = kv_disk
+        self._kv_cache_dir = Path(kv_cache_dir).expanduser() if kv_cache_dir else None
+        self._kv_cache_size = parse_size(kv_cache_size) if kv_cache_size is not None else None
+        self._model_name = model_name or loaded.source.name or "in-memory weights"
         self._core: PagedEngine | None = None
         self.n_params = sum(p.numel() for p in loaded.model.parameters())
         self.da_defaults = model_da_defaults(loaded.weights_dir)
@@ -130,6 +149,7 @@ class Engine:
                 "float32": torch.float32,
                 "fp16": torch.float16,
             }[dtype]
+        kwargs.setdefault("model_name", str(path_or_name))
         return cls(load_model(resolve_model(path_or_name), dtype=dtype, device=device), **kwargs)
 
     def with_pool(
@@ -170,8 +190,18 @@ class Engine:
                 prefill_chunk=self._prefill_chunk,
                 prefix_caching=self._prefix_caching,
                 batch_invariant=self._batch_invariant,
+                kv_disk=self._disk_options(),
             )
         return self._core
+
+    def _disk_options(self) -> DiskOptions | None:
+        """The disk tier's options, if it is on (#43): ``None`` without prefix caching,
+        with ``kv_disk=False``, or for a model with no files and no directory asked for."""
+        if not (self._prefix_caching and self._kv_disk):
+            return None
+        source = self.loaded.source if self.loaded.weights_dir is not None else None
+        return disk_options(self.loaded.model, source, self._model_name, self._kv_cache_dir,
+                            self._kv_cache_size, kv_cache_root())
 
     @property
     def block_size(self) -> int:
@@ -492,6 +522,7 @@ class Engine:
             bytes_read=sum(r.global_bytes + r.sliding_bytes for r in req.reads),
             by_mode={str(m): v for m, v in acc.by_mode().items()},
             cached_tokens=req.cached_tokens,
+            disk_tokens=req.disk_tokens,
         )
         return Answer(
             text=sess.text,

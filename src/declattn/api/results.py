@@ -38,6 +38,9 @@ class Stats:
     bytes_read: int
     by_mode: dict[str, dict[str, int]]
     cached_tokens: int = 0
+    """Prompt tokens the prefix cache supplied (not computed), ``disk_tokens`` of them
+    read from its disk tier, the rest from memory."""
+    disk_tokens: int = 0
 
     @property
     def saving(self) -> float:

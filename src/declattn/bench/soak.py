@@ -18,6 +18,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -73,12 +74,14 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def _start(cfg: SoakConfig, port: int) -> subprocess.Popen:
+def _start(cfg: SoakConfig, port: int, kv_cache_dir: str) -> subprocess.Popen:
+    """The server, its prefix cache's disk tier in ``kv_cache_dir`` (the soak's traffic
+    exercises it, and stays out of the user's cache)."""
     exe = Path(sys.executable).with_name("declattn")
     cmd = [
         str(exe), "serve", "--model", cfg.model, "--port", str(port),
         "--kv-blocks", str(cfg.kv_blocks), "--max-request-bytes", str(cfg.max_request_bytes),
-        "--log-level", "warning", "--dtype", "fp32",
+        "--log-level", "warning", "--dtype", "fp32", "--kv-cache-dir", kv_cache_dir,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -185,7 +188,8 @@ def run_soak(cfg: SoakConfig, log: Any = None) -> dict[str, Any]:
     port = _port()
     url = f"http://127.0.0.1:{port}"
     say(f"starting declattn serve on {url}")
-    proc = _start(cfg, port)
+    kv = tempfile.TemporaryDirectory(prefix="declattn-soak-kv-")
+    proc = _start(cfg, port, kv.name)
     try:
         rss_before = _rss_mb(proc.pid)
         tally = Tally()
@@ -209,6 +213,7 @@ def run_soak(cfg: SoakConfig, log: Any = None) -> dict[str, Any]:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        kv.cleanup()
     codes = tally.status
     return {
         "config": cfg.to_dict(),

@@ -57,9 +57,20 @@ def stream_arm(doc: Document | Chat, arm: str, question: str, args: Any, out: An
     return answer
 
 
+def kv_sources(s: Stats) -> str:
+    """Where the prompt's KV came from: the prefix cache in memory, its disk tier, or
+    computed by the prefill (parts that are zero left out)."""
+    parts = [
+        (s.cached_tokens - s.disk_tokens, "from memory"),
+        (s.disk_tokens, "from disk"),
+        (s.prompt_tokens - s.cached_tokens, "computed"),
+    ]
+    return ", ".join(f"{n:,} {where}" for n, where in parts if n)
+
+
 def timing_line(s: Stats) -> str:
     """Prompt, reuse and timing of one answer, on one line."""
-    reused = f" ({s.cached_tokens:,} from the prefix cache)" if s.cached_tokens else ""
+    reused = f" (KV: {kv_sources(s)})" if s.cached_tokens else ""
     return (
         f"prompt {s.prompt_tokens:,} tokens{reused}; {s.output_tokens} generated; "
         f"prefill {s.prefill_seconds:.1f} s; decode {s.decode_seconds:.1f} s "
@@ -188,6 +199,7 @@ def summary(answers: dict[str, Answer]) -> dict[str, Any]:
                 "decode_steps": s.decode_steps,
                 "prefill_seconds": s.prefill_seconds,
                 "cached_tokens": s.cached_tokens,
+                "disk_tokens": s.disk_tokens,
                 "decode_seconds": s.decode_seconds,
                 "logical_attended": s.logical_attended,
                 "physical_attended": s.physical_attended,

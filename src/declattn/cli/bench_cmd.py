@@ -65,6 +65,10 @@ def add_parser(sub: Any) -> None:
     ru.add_argument("--max-tokens", type=int, default=96)
     ru.add_argument("--seed", type=int, default=0)
     ru.add_argument("--server", action="store_true", help="repeat through the server")
+    ru.add_argument("--across-processes", action="store_true",
+                    help="instead: a cold question in a fresh process, the same question in a "
+                    "new process (KV from the disk tier) and a second question in the first "
+                    "(KV from memory); in a temporary cache directory, removed after")
     ru.add_argument("--threads", type=int, default=None)
     ru.add_argument("--out", default="out/bench", help="directory for the JSON")
     ru.set_defaults(func=run_reuse)
@@ -231,8 +235,11 @@ def run_reuse(args: argparse.Namespace) -> int:
     cfg = ReuseConfig(args.tokens, args.questions, args.independent, args.max_tokens,
                       args.seed, args.server)
     err = console(stderr=True)
+    if args.across_processes:
+        return _reuse_across_processes(args, cfg, threads, err)
     with user_errors():
-        engine = Engine.from_pretrained(args.model)
+        # the first question is the cold one: nothing from an earlier run's disk tier
+        engine = Engine.from_pretrained(args.model, kv_disk=False)
         result = bench(engine, cfg, log=lambda msg: err.print(f"[dim]{msg}[/dim]"))
     result["machine"] = machine_info() | {"torch_threads": threads}
     result["model"] = args.model
@@ -244,6 +251,50 @@ def run_reuse(args: argparse.Namespace) -> int:
     for part in ("engine", "server"):
         if part in result:
             con.print(_reuse_table(part, result[part]))
+    con.print(f"wrote {path}")
+    return 0
+
+
+def _reuse_across_processes(args: argparse.Namespace, cfg: Any, threads: int, err: Any) -> int:
+    from pathlib import Path
+
+    from rich.table import Table
+
+    from declattn.bench.machine import machine_info
+    from declattn.bench.reuse_processes import run_across_processes
+
+    with user_errors():
+        r = run_across_processes(args.model, cfg, threads,
+                                 log=lambda msg: err.print(f"[dim]{msg}[/dim]"))
+    r |= {"config": cfg.to_dict(), "model": args.model,
+          "machine": machine_info() | {"torch_threads": threads}}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "reuse_processes.json"
+    path.write_text(json.dumps(r, indent=1))
+    t = Table(title=f"{args.model}: one document across processes")
+    for col in ("question", "TTFT s", "memory / disk / computed tokens", "correct"):
+        t.add_column(col, justify="right")
+    for name, key in (("cold process, question 1", "cold"),
+                      ("same process, question 2", "in_process_second"),
+                      ("new process, question 1", "new_process")):
+        a = r[key]
+        memory = a["cached_tokens"] - a["disk_tokens"]
+        computed = a["prompt_tokens"] - a["cached_tokens"]
+        t.add_row(name, f"{a['ttft_seconds']:.2f}",
+                  f"{memory:,} / {a['disk_tokens']:,} / {computed:,}",
+                  "yes" if a["expected"].lower() in (a["answer"] or "").lower() else "no")
+    per_token = r["disk_bytes_per_cached_token"]
+    t.caption = (
+        f"new process / cold: {r['new_over_cold']:.4f} (goal <= {r['goals']['new_over_cold']}); "
+        f"new process / in-process second: {r['new_over_in_process']:.2f} "
+        f"(goal <= {r['goals']['new_over_in_process']}); disk: {r['disk_files']} files, "
+        + (f"{per_token:,.0f} bytes per cached token " if per_token else "nothing written ")
+        + f"(KV {r['kv_bytes_per_token']:,} in {r['kv_dtype']}); start-up "
+        f"{r['startup_seconds']['cold']:.1f} s / {r['startup_seconds']['new']:.1f} s"
+    )
+    con = console()
+    con.print(t)
     con.print(f"wrote {path}")
     return 0
 

@@ -15,9 +15,11 @@ from typing import Any
 from declattn.cli.common import (
     UserError,
     add_focus_args,
+    add_kv_cache_args,
     add_model_arg,
     console,
     focus_options,
+    kv_cache_kwargs,
     read_context,
     user_errors,
 )
@@ -34,6 +36,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: one per core measured idle at the start)")
     add_focus_args(p)
+    add_kv_cache_args(p)
     p.set_defaults(func=run)
 
 
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     interactive = sys.stdin.isatty()
     with user_errors():
         with out.status(f"loading {args.model}"):
-            engine = Engine.from_pretrained(args.model)
+            engine = Engine.from_pretrained(args.model, **kv_cache_kwargs(args))
         chat = engine.open(context, focus_options(engine.da_defaults, args)).chat()
         turn = 0
         while True:

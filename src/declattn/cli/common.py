@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -81,6 +82,35 @@ def add_dtype_arg(parser: Any, extra: tuple[str, ...] = ()) -> None:
         help="weights: auto (default) packs a GGUF's matrices from its own 4-bit/8-bit "
         "blocks, bf16 activations; a dtype loads every weight dense in it",
     )
+
+
+def add_kv_cache_args(parser: Any) -> None:
+    """``--kv-cache-dir``, ``--kv-cache-size``, ``--no-kv-disk``: the prefix cache's disk
+    tier (documents prefilled once, for every later process too)."""
+    g = parser.add_argument_group("prefix cache on disk (declattn cache ls|du|rm|clear)")
+    g.add_argument("--kv-cache-dir", default=None,
+                   help="where prefilled KV is kept on disk (default $DECLATTN_KV_CACHE_DIR, "
+                   "else ~/.cache/declattn/kv)")
+    g.add_argument("--kv-cache-size", type=_size, default=None,
+                   help="its size limit, e.g. 20G or 512M; the least recently used KV goes "
+                   "first (default 20G, or half the disk's free space if less)")
+    g.add_argument("--no-kv-disk", action="store_true",
+                   help="keep the prefix cache in memory only")
+
+
+def kv_cache_kwargs(args: Any) -> dict[str, Any]:
+    """The ``Engine`` keywords of ``add_kv_cache_args``'s flags."""
+    return {"kv_disk": not args.no_kv_disk, "kv_cache_dir": args.kv_cache_dir,
+            "kv_cache_size": args.kv_cache_size}
+
+
+def _size(text: str) -> int:
+    from declattn.engine.kvdisk.options import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def add_focus_args(parser: Any) -> None:

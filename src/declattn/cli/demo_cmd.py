@@ -23,12 +23,15 @@ from typing import Any
 
 from rich.table import Table
 
+from declattn.cli.answering import kv_sources
 from declattn.cli.common import (
     UserError,
     add_dtype_arg,
     add_focus_args,
+    add_kv_cache_args,
     console,
     focus_options,
+    kv_cache_kwargs,
     user_errors,
 )
 from declattn.protocol.instruction import BRIEF_INSTRUCTION
@@ -53,6 +56,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads (default: one per core measured idle at the start)")
     add_focus_args(p)
+    add_kv_cache_args(p)
     p.set_defaults(func=run)
 
 
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with user_errors():
         with out.status(f"loading {args.model}"):
-            engine = Engine.from_pretrained(args.model, dtype=args.dtype)
+            engine = Engine.from_pretrained(args.model, dtype=args.dtype, **kv_cache_kwargs(args))
         tiny = engine.da_defaults.instruction == BRIEF_INSTRUCTION  # trained to declare
         doc = _tiny_document(args) if tiny else _essay_document(engine, args)
         out.print(f"{doc.description}\nquestion: {doc.questions[0].question}")
@@ -151,8 +155,8 @@ def _side_by_side(r: Asked) -> Table:
     t.add_row("attended tokens", f"{a.logical_attended:,}", f"{b.logical_attended:,}")
     t.add_row("decode seconds", f"{a.decode_seconds:.1f}", f"{b.decode_seconds:.1f}")
     t.add_row("reply tokens", f"{a.output_tokens:,}", f"{b.output_tokens:,}")
-    t.add_row("prompt from the prefix cache", f"{a.cached_tokens:,} of {a.prompt_tokens:,}",
-              f"{b.cached_tokens:,} of {b.prompt_tokens:,}")
+    t.add_row("prompt KV", f"{kv_sources(a)} of {a.prompt_tokens:,}",
+              f"{kv_sources(b)} of {b.prompt_tokens:,}")
     shared = _common_prefix(r.da.session.prompt_ids, r.plain.session.prompt_ids)
     t.add_row("prompt shared with the DA prompt", "", f"{shared:,} tokens")
     t.add_row("answered in (wall)", f"{r.da_wall:.1f} s", f"{r.plain_wall:.1f} s")
@@ -191,9 +195,9 @@ def _focus_line(i: int, r: Asked) -> str:
     a, b = r.da.stats, r.plain.stats
     return (
         f"[bold]question {i}[/]: fact in chunk(s) {chunks}; DA focused {focused or 'none'} "
-        f"(held the fact: {held}); DA prefill {a.prefill_seconds:.1f} s ({a.cached_tokens:,} "
-        f"of {a.prompt_tokens:,} prompt tokens from the prefix cache), plain prefill "
-        f"{b.prefill_seconds:.1f} s ({b.cached_tokens:,} of {b.prompt_tokens:,})"
+        f"(held the fact: {held}); DA prefill {a.prefill_seconds:.1f} s (prompt KV: "
+        f"{kv_sources(a)}), plain prefill {b.prefill_seconds:.1f} s ({kv_sources(b)})"
+        + (" [bold]KV from disk[/]" if a.disk_tokens or b.disk_tokens else "")
     )
 
 

@@ -12,7 +12,15 @@ from typing import Any
 
 from rich.console import Console
 
-from declattn.cli.common import UserError, add_dtype_arg, add_model_arg, console, user_errors
+from declattn.cli.common import (
+    UserError,
+    add_dtype_arg,
+    add_kv_cache_args,
+    add_model_arg,
+    console,
+    kv_cache_kwargs,
+    user_errors,
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -63,6 +71,7 @@ def add_parser(sub: Any) -> None:
         "--no-prefix-cache", action="store_true",
         help="prefill every arm's prompt anew (by default arms over one prompt reuse its KV)",
     )
+    add_kv_cache_args(p)
     p.add_argument(
         "--backend", choices=["engine", "vllm"], default="engine",
         help="engine: ours; vllm: the arms through vLLM 0.32 with the DA plugin, batched, "
@@ -144,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
         def load() -> Any:
             with con.status(f"loading {args.model}"):
                 return Engine.from_pretrained(
-                    args.model, dtype=args.dtype, prefix_caching=not args.no_prefix_cache
+                    args.model, dtype=args.dtype, prefix_caching=not args.no_prefix_cache,
+                    **kv_cache_kwargs(args),
                 )
 
         rows = _run_with_progress(_Lazy(load), spec, out_dir, judge, con)

@@ -10,9 +10,11 @@ from declattn.cli.common import (
     UserError,
     add_dtype_arg,
     add_focus_args,
+    add_kv_cache_args,
     add_model_arg,
     console,
     focus_options,
+    kv_cache_kwargs,
     read_context,
     require_question,
     user_errors,
@@ -55,6 +57,7 @@ def add_parser(sub: Any) -> None:
                    help="torch threads (default: one per core measured idle at the start)")
     p.add_argument("--save", help="write the run record (JSON) here (with --compare, one per "
                    "arm: NAME.da.json and NAME.vanilla.json)")
+    add_kv_cache_args(p)
     p.add_argument("--json", action="store_true", help="print the result as JSON, no streaming")
     p.set_defaults(func=run)
 
@@ -90,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     with user_errors():
         with out.status(f"loading {args.model}"):
             engine = Engine.from_pretrained(
-                args.model, dtype=args.dtype, prefix_caching=not args.no_prefix_cache
+                args.model, dtype=args.dtype, prefix_caching=not args.no_prefix_cache,
+                **kv_cache_kwargs(args),
             )
         options = focus_options(
             dataclasses.replace(engine.da_defaults, line_start=args.line_start), args

@@ -20,6 +20,8 @@ from declattn.engine.blocks import block_digests
 from declattn.engine.controller import Controller
 from declattn.engine.detok import Detokenizer
 from declattn.engine.kv import KVCache, KVConfig, PoolExhausted
+from declattn.engine.kvdisk.options import DiskOptions
+from declattn.engine.kvdisk.tier import DiskTier
 from declattn.engine.models import Decoder, ModelConfig
 from declattn.engine.models.token_context import TokenContext, token_context
 from declattn.engine.paged import PagedAttention, SeqStep
@@ -50,9 +52,11 @@ class PagedEngine:
         kv_dtype: torch.dtype | None = None,
         prefix_caching: bool = True,
         batch_invariant: bool = False,
+        kv_disk: DiskOptions | None = None,
     ) -> None:
         """``prefix_caching``: full prompt blocks are kept addressed by content and later
-        prompts that start with the same tokens take them over (see ``blocks.py``).
+        prompts that start with the same tokens take them over (see ``blocks.py``);
+        ``kv_disk`` adds the cache's disk tier under it (``kvdisk/tier.py``).
 
         ``batch_invariant``: each running sequence's decode step is its own model call, so
         a sequence's logits never depend on who else is in the batch. Batched matmuls may
@@ -85,6 +89,10 @@ class PagedEngine:
                 device=self.device,
             ),
             prefix_caching=prefix_caching,
+        )
+        self.disk = (
+            DiskTier(kv_disk, self.cache.config, prefill_chunk, tokenizer)
+            if kv_disk is not None and prefix_caching else None
         )
         self.counter = ReadCounter()
         self._global_layers = [i for i in range(c.num_layers) if c.window(i) is None]
@@ -138,15 +146,21 @@ class PagedEngine:
         seq.digests = block_digests(seq.prompt_ids, regions, bs)
         usable = seq.digests[: (n - 1) // bs]  # the last prompt token is always computed
         shared = self.cache.share_prefix(seq.seq_id, usable, self.prefill_chunk // bs)
+        if self.disk is not None:  # the disk tier goes on in whole chunks where memory ends
+            room = self.cache.num_free_blocks - len(self.running)
+            shared += self.disk.restore(self.cache, seq, usable, shared, room)
         seq.prefilled = seq.registered = shared * bs
         return shared * bs
 
-    def _register(self, seq: Request) -> None:
-        """Address the prompt blocks the last prefill chunk completed."""
+    def _register(self, seq: Request, start: int) -> None:
+        """Address the prompt blocks the last prefill chunk (from ``start``) completed, and
+        hand the chunk to the disk tier."""
         full = min(seq.prefilled // self.block_size, len(seq.digests))
         for index in range(seq.registered // self.block_size, full):
             self.cache.register(seq.seq_id, index, seq.digests[index])
         seq.registered = max(seq.registered, full * self.block_size)
+        if self.disk is not None:
+            self.disk.save(self.cache, seq, start, seq.prefilled)
 
     def prefill_synthetic(
         self, seq: Request, upto: int | None = None, generator: torch.Generator | None = None
@@ -240,7 +254,7 @@ class PagedEngine:
         attn = PagedAttention(self.cache, [step])
         hidden = self.model(ids, pos, attn, self._context([(seq, range(start, stop))]))
         seq.prefilled = stop
-        self._register(seq)
+        self._register(seq, start)
         seq.prefill_seconds += time.perf_counter() - t0
         if stop < target:
             return []

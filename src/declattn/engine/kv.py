@@ -212,6 +212,23 @@ class KVCache:
         self.blocks.release(table)
         return len(table)
 
+    def export_rows(self, seq_id: int, start: int, stop: int) -> tuple[Tensor, Tensor]:
+        """A copy of the K and V of ``seq_id``'s positions ``[start, stop)`` in every layer,
+        on the CPU: ``[n_layers, n_kv_heads, stop - start, head_dim]`` each, the pools'
+        dtype and bytes (the disk tier writes them)."""
+        rows = self.slots(seq_id, start, stop)
+        k = torch.stack([pool.index_select(1, rows) for pool in self.k])
+        v = torch.stack([pool.index_select(1, rows) for pool in self.v])
+        return k.cpu(), v.cpu()
+
+    def import_rows(self, seq_id: int, start: int, k: Tensor, v: Tensor) -> None:
+        """Store ``export_rows``-shaped ``k``/``v`` at ``seq_id``'s positions from ``start``
+        (its blocks must be allocated); the bytes land as they are."""
+        rows = self.slots(seq_id, start, start + k.shape[2])
+        for layer in range(self.config.n_layers):
+            self.k[layer].index_copy_(1, rows, k[layer].to(self.config.device))
+            self.v[layer].index_copy_(1, rows, v[layer].to(self.config.device))
+
     # -- writes --------------------------------------------------------------------
     def stores_natively(self) -> bool:
         """Whether ``write`` stores rows of the pools' dtype by the native kernel

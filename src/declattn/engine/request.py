@@ -56,7 +56,10 @@ class Request:
     held: str = ""
     prefilled: int = 0
     cached_tokens: int = 0
-    """Prompt positions taken over from the prefix cache (not computed)."""
+    """Prompt positions taken over from the prefix cache (not computed): from memory or,
+    ``disk_tokens`` of them, read from its disk tier."""
+    disk_tokens: int = 0
+    """Prompt positions of ``cached_tokens`` read from the prefix cache's disk tier."""
     digests: list[bytes] = field(default_factory=list, repr=False)
     """Content addresses of the prompt's full blocks (prefix caching)."""
     registered: int = 0

@@ -378,6 +378,7 @@ class Scheduler:
             usage["vanilla_attended_tokens"],
             seq.preemptions,
         )
+        self.metrics.count_prompt_sources(**usage["prompt_cache"])
         decls = None
         if job.prepared.strip_tags:
             decls = [d.to_dict() for d in sess.declarations]
@@ -425,6 +426,16 @@ def _strip(text: str, start: int, declarations: Sequence[Declaration]) -> str:
     return "".join(out)
 
 
+def prompt_cache(seq: Request) -> dict[str, int]:
+    """Where the prompt's KV came from: the prefix cache in memory, its disk tier, or the
+    prefill (``cached_tokens``, OpenAI's field, is the first two together)."""
+    return {
+        "memory_tokens": seq.cached_tokens - seq.disk_tokens,
+        "disk_tokens": seq.disk_tokens,
+        "computed_tokens": len(seq.prompt_ids) - seq.cached_tokens,
+    }
+
+
 def build_usage(sess: Session, seq: Request, reason: str) -> dict[str, Any]:
     """OpenAI's usage, plus attended tokens and (for DA) the DA report.
 
@@ -439,6 +450,7 @@ def build_usage(sess: Session, seq: Request, reason: str) -> dict[str, Any]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": seq.cached_tokens},
+        "prompt_cache": prompt_cache(seq),
         "prefill_seconds": round(seq.prefill_seconds, 6),
         "preemptions": seq.preemptions,
         "decode_seconds": round(seq.decode_seconds, 6),
