@@ -95,7 +95,7 @@ def test_eos_finishes():
     ids = prompt(30, 4)
     full = run_one(make_engine(model), ids, SamplingParams(max_tokens=10, ignore_eos=True))
     engine = make_engine(model)
-    engine._eos = {full.output_ids[3]}
+    engine.acceptor.eos = {full.output_ids[3]}
     seq = run_one(engine, ids, SamplingParams(max_tokens=10))
     assert seq.finish_reason == "eos"
     assert seq.output_ids == full.output_ids[: full.output_ids.index(full.output_ids[3]) + 1]
@@ -153,7 +153,7 @@ def test_carried_plans_read_what_fresh_plans_read():
     runs = []
     for fresh in (False, True):
         engine = make_engine(model)
-        engine._carry = carry = _Counting(fresh)
+        engine.forward.carry = carry = _Counting(fresh)
         seq = run_one(engine, ids, SamplingParams(max_tokens=40, ignore_eos=True), Shifting(ids))
         runs.append((seq.output_ids, [(r.blocks, r.global_bytes) for r in seq.reads]))
         assert len(carry) == 0  # dropped with the finished sequence's blocks

@@ -27,8 +27,9 @@ import torch
 from declattn.bench.machine import BandwidthProbe, Timing, time_call
 from declattn.engine.decode import kernel_in_use
 from declattn.engine.kv import KVCache, KVConfig
-from declattn.engine.paged import PagedAttention, SeqStep
+from declattn.engine.paged import PagedAttention
 from declattn.engine.reads import ReadCounter
+from declattn.engine.seq_step import SeqStep
 from declattn.engine.threads import available_cores
 from declattn.protocol.layout import Layout, Span
 from declattn.protocol.modes import Mode
