@@ -67,6 +67,8 @@ class Engine:
         kv_tokens: int | None = None,
         block_size: int = 16,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefill_budget: int | None = None,
+        prefill_first: bool = False,
         prefix_caching: bool = True,
         batch_invariant: bool = False,
     ) -> None:
@@ -78,7 +80,10 @@ class Engine:
         ``prefix_caching``: a prompt that starts like an earlier one takes over the
         earlier one's K/V for that part instead of computing it again (the second
         question over a document, the next turn of a chat, every arm of an evaluation
-        after the first); results are bit for bit those of a fresh prefill."""
+        after the first); results are bit for bit those of a fresh prefill.
+
+        ``prefill_budget``, ``prefill_first``: how a step shares its forward between the
+        running sequences and a waiting prompt (``engine/scheduler.py``)."""
         if loaded.tokenizer is None:
             raise ValueError(f"{loaded.source}: the model has no tokenizer")
         if kv_tokens is not None and kv_tokens < 1:
@@ -91,6 +96,8 @@ class Engine:
         self._num_blocks = -(-kv_tokens // block_size)
         self._block_size = block_size
         self._prefill_chunk = prefill_chunk
+        self._prefill_budget = prefill_budget
+        self._prefill_first = prefill_first
         self._prefix_caching = prefix_caching
         self._batch_invariant = batch_invariant
         self._core: PagedEngine | None = None
@@ -132,11 +139,12 @@ class Engine:
         *,
         prefix_caching: bool | None = None,
         batch_invariant: bool | None = None,
+        prefill_budget: int | None = None,
+        prefill_first: bool | None = None,
     ) -> Engine:
         """The same loaded model (and tokenizer, DA defaults, vocabulary cache) over a
         KV pool of its own of ``num_blocks`` blocks: a server's pool, a test's small one.
-        ``prefix_caching`` and ``batch_invariant`` keep this engine's settings unless
-        given."""
+        The other settings keep this engine's unless given."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be at least 1, got {num_blocks}")
         other = Engine.__new__(Engine)
@@ -146,6 +154,10 @@ class Engine:
             other._prefix_caching = prefix_caching
         if batch_invariant is not None:
             other._batch_invariant = batch_invariant
+        if prefill_budget is not None:
+            other._prefill_budget = prefill_budget
+        if prefill_first is not None:
+            other._prefill_first = prefill_first
         other._core = None
         return other
 
@@ -162,6 +174,8 @@ class Engine:
                 num_blocks=self._num_blocks,
                 block_size=self._block_size,
                 prefill_chunk=self._prefill_chunk,
+                prefill_budget=self._prefill_budget,
+                prefill_first=self._prefill_first,
                 prefix_caching=self._prefix_caching,
                 batch_invariant=self._batch_invariant,
             )
@@ -194,11 +208,13 @@ class Engine:
         return self._engine.add(controller, params)
 
     def step(self) -> list[TokenEvent]:
-        """One prefill chunk (if a sequence waits) or one decode step for all running."""
+        """One forward: a decode row of every running sequence (more where forced tokens
+        wait) and a piece of a waiting prompt beside them (``engine/scheduler.py``)."""
         return self._engine.step()
 
     def next_batch(self) -> list[Request]:
-        """The sequences the next ``step`` works on (one being prefilled, or all running)."""
+        """The sequences the next ``step`` works on (the running ones, and the waiting one
+        whose piece goes along)."""
         return self._engine.next_batch()
 
     def abort(self, request: Request, reason: str = "abort") -> None:
