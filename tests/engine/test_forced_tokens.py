@@ -256,3 +256,38 @@ def test_forcing_off_never_asks_the_controller() -> None:
     ctl = Forcing(prompt(30, 8), SCRIPT)
     seq, _ = run(engine(model, forcing=False), ctl, 6)
     assert ctl.asked == 0 and ctl.forced_ids == [] and len(seq.reads) == 5
+
+
+def test_preempted_sequences_with_forced_rows_resume_with_their_views(monkeypatch) -> None:
+    """A pool too small for four sequences that force tokens: one preempted while forced
+    rows wait recomputes what its rows had run, then runs the waiting rows with the views
+    they were given: the tokens and reads each gives alone."""
+    from declattn.engine.scheduler import Scheduler
+
+    waiting_rows: list[int] = []
+    preempt = Scheduler.preempt
+
+    def spy(self, seq):
+        waiting_rows.append(len(seq.pending_views))
+        preempt(self, seq)
+
+    monkeypatch.setattr(Scheduler, "preempt", spy)
+    model = tiny_model(seed=27)
+    script = {k: ForcedTokens((100 + k, 200 + k, 300 + k)) for k in range(0, 60, 2)}
+    prompts = [prompt(60 + 7 * i, 30 + i) for i in range(4)]
+    params = SamplingParams(max_tokens=60, ignore_eos=True)
+
+    def run_all(num_blocks: int, batch: list[list[int]]):
+        eng = PagedEngine(model, Tok(), num_blocks=num_blocks, block_size=BS, prefill_chunk=64)
+        seqs = [eng.add(Forcing(p, script), params) for p in batch]
+        while eng.has_work:
+            eng.step()
+        return seqs
+
+    alone = [run_all(64, [p])[0] for p in prompts]
+    assert waiting_rows == []
+    together = run_all(14, prompts)
+    assert max(waiting_rows) > 0  # preempted with forced rows waiting
+    assert [s.output_ids for s in together] == [s.output_ids for s in alone]
+    assert [[r.blocks for r in s.reads] for s in together] == [
+        [r.blocks for r in s.reads] for s in alone]
