@@ -179,10 +179,8 @@ class Forward:
                 length=st.start + i + 1,
                 blocks=per_layer[0] if per_layer else (),
                 layers_agree=all(b is per_layer[0] or b == per_layer[0] for b in per_layer),
-                global_bytes=counter.total_bytes(seq_id=seq.seq_id, step=step, row=i),
-                sliding_bytes=counter.total_bytes(
-                    sliding=True, seq_id=seq.seq_id, step=step, row=i
-                ),
+                global_bytes=counter.row_bytes(step, seq.seq_id, i),
+                sliding_bytes=counter.row_bytes(step, seq.seq_id, i, sliding=True),
                 seconds=elapsed,
                 forced=i < st.n_new - 1,
             ))

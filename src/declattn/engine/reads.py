@@ -47,6 +47,8 @@ class ReadCounter:
     _rows: dict[tuple[int, int, bool], list[BlockRead]] = field(
         default_factory=dict, repr=False
     )
+    # (step, seq, row, sliding) -> bytes: what the engine asks of every decode row
+    _row_bytes: dict[tuple[int, int, int, bool], int] = field(default_factory=dict, repr=False)
 
     def begin_step(self) -> int:
         """Open a new step and return its index (one per ``PagedAttention``)."""
@@ -58,11 +60,14 @@ class ReadCounter:
         key = (rec.step, rec.seq_id, rec.row, rec.layer, rec.sliding)
         self._index.setdefault(key, []).append(rec)
         self._rows.setdefault((rec.step, rec.seq_id, rec.sliding), []).append(rec)
+        row = (rec.step, rec.seq_id, rec.row, rec.sliding)
+        self._row_bytes[row] = self._row_bytes.get(row, 0) + rec.n_bytes
 
     def reset(self) -> None:
         self.records.clear()
         self._index.clear()
         self._rows.clear()
+        self._row_bytes.clear()
         self.n_steps = 0
 
     def _select(
@@ -97,6 +102,11 @@ class ReadCounter:
         if len(recs) == 1:  # the usual case; a plan names its blocks sorted and unique
             return recs[0].blocks
         return tuple(sorted({b for r in recs for b in r.blocks}))
+
+    def row_bytes(self, step: int, seq_id: int, row: int = 0, *, sliding: bool = False) -> int:
+        """Bytes one decode row read in one step, over every layer (``total_bytes`` of the
+        row, kept as records come in: the engine asks it of every row of every step)."""
+        return self._row_bytes.get((step, seq_id, row, sliding), 0)
 
     def per_step(self, seq_id: int, *, sliding: bool = False) -> dict[int, dict[int, tuple]]:
         """``{step: {layer: blocks}}`` for one sequence."""
