@@ -230,3 +230,70 @@ def run_inprocess(engine: Engine, cfg: InProcessConfig,
         for n in cfg.concurrency:
             results.append(measure(engine, context, n, cfg, probe, say))
     return results
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    """``streams`` requests decode at ``context`` tokens (synthetic K/V, forced output)
+    while the last ``prompt_tokens`` of another ``context``-token prompt prefill for real
+    beside them, once per prefill budget."""
+
+    context: int = 16384
+    streams: int = 4
+    prompt_tokens: int = 2048
+    budgets: tuple[int, ...] = (128, 256, 512)
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ids(tokenizer: Any, n_tokens: int, index: int) -> list[int]:
+    """``n_tokens`` token ids of document ``index`` (cut from a longer one)."""
+    text = document(tokenizer, n_tokens + n_tokens // 4 + 64, index)
+    return list(tokenizer.encode(text, add_special_tokens=False))[:n_tokens]
+
+
+def budget_sweep(engine: Engine, cfg: BudgetConfig,
+                 log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Per budget: the decode step alone, the mixed steps (what a stream waits between
+    two tokens while the prompt prefills) and the prompt's prefill rate beside them."""
+    say = log or (lambda _m: None)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    tok = engine.tokenizer
+    out = []
+    for budget in cfg.budgets:
+        blocks = (cfg.streams + 1) * (-(-cfg.context // 16) + 64)
+        pool = engine.with_pool(blocks, prefix_caching=False, prefill_budget=budget)
+        streams = []
+        for i in range(cfg.streams):
+            ids = _ids(tok, cfg.context, cfg.seed * 1000 + i)
+            ctl = Forced(Controller(ids), tok.encode(FILLER * 64)[:400])
+            req = pool.add(ctl, SamplingParams(max_tokens=400, ignore_eos=True))
+            pool.prefill_synthetic(req, generator=gen)
+            streams.append(req)
+        while any(r.prefilled < len(r.prompt_ids) for r in streams):
+            pool.step()
+        decode = []
+        for _ in range(4):
+            t0 = time.perf_counter()
+            pool.step()
+            decode.append(time.perf_counter() - t0)
+        ids = _ids(tok, cfg.context, cfg.seed * 1000 + 99)
+        real = min(cfg.prompt_tokens, len(ids) - 1)
+        new = pool.add(Controller(ids), SamplingParams(max_tokens=1))
+        pool.prefill_synthetic(new, upto=len(ids) - real, generator=gen)
+        mixed = []
+        while new.finish_reason is None:
+            t0 = time.perf_counter()
+            pool.step()
+            mixed.append(time.perf_counter() - t0)
+        for r in streams:
+            pool.abort(r)
+        row = {"budget": budget, "decode_step_s": statistics.median(decode[1:]),
+               "mixed_step_s_p50": statistics.median(mixed), "mixed_step_s_max": max(mixed),
+               "prompt_tokens_per_s": real / sum(mixed), "steps": len(mixed)}
+        say(f"budget {budget}: mixed step p50 {row['mixed_step_s_p50']:.2f} s, prompt "
+            f"{row['prompt_tokens_per_s']:.1f} tok/s")
+        out.append(row)
+    return out

@@ -1,8 +1,9 @@
 """``declattn bench throughput``: arguments, the run of each part, tables and the JSON.
 
 Parts: ``inproc`` (the engine's batch API, ``throughput.py``), ``http`` (real servers,
-declattn against llama-server, ``throughput_http.py``) and ``arrivals`` (streams while
-long prompts arrive: mixed steps against prefill-first). Measurements, never tests.
+declattn against llama-server, ``throughput_http.py``), ``arrivals`` (streams while
+long prompts arrive: mixed steps against prefill-first) and ``budget`` (in process: the
+mixed step and the prompt's prefill rate per prefill budget). Measurements, never tests.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from rich.table import Table
 
-PARTS = ("inproc", "http", "arrivals")
+PARTS = ("inproc", "http", "arrivals", "budget")
 
 
 def add_arguments(p: argparse.ArgumentParser, ints: Callable[[str], tuple[int, ...]]) -> None:
@@ -36,12 +37,13 @@ def add_arguments(p: argparse.ArgumentParser, ints: Callable[[str], tuple[int, .
     p.add_argument("--llama-server", default=".venv-bench/bin/llama-server",
                    help="http: the llama-server binary (make bench-env builds it)")
     p.add_argument("--arrival-context", type=int, default=16384,
-                   help="arrivals: prompt tokens of each arriving request")
+                   help="arrivals, budget: prompt tokens of each arriving request")
     p.add_argument("--arrivals", type=int, default=2, help="arrivals: requests that arrive")
-    p.add_argument("--streams", type=int, default=4, help="arrivals: streams decoding meanwhile")
+    p.add_argument("--streams", type=int, default=4,
+                   help="arrivals, budget: streams decoding meanwhile")
     p.add_argument("--rate", type=float, default=0.05, help="arrivals: per second (Poisson)")
     p.add_argument("--budgets", type=ints_or_zero, default=(0, 128, 256, 512),
-                   help="arrivals: prefill budgets to compare, 0 for prefill-first")
+                   help="arrivals, budget: prefill budgets to compare, 0 for prefill-first")
     p.add_argument("--seconds", type=float, default=900.0, help="arrivals: arrival window")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="out/bench", help="directory for throughput.json")
@@ -97,6 +99,14 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
                              budgets=args.budgets, threads=threads, seed=args.seed)
         result["parts"]["arrivals"] = {"config": acfg.to_dict(),
                                        "rows": run_arrivals(acfg, engine.tokenizer, log)}
+    if "budget" in parts:
+        from declattn.bench.throughput import BudgetConfig, budget_sweep
+
+        bcfg = BudgetConfig(args.arrival_context, args.streams,
+                            budgets=tuple(b for b in args.budgets if b) or (128, 256, 512),
+                            seed=args.seed)
+        result["parts"]["budget"] = {"config": bcfg.to_dict(),
+                                     "rows": budget_sweep(engine, bcfg, log)}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "throughput.json"
@@ -149,5 +159,15 @@ def tables(result: dict[str, Any]) -> list[Table]:
             t.add_row(row["scheduling"], _f(row["stream_gap_p50"], "{:.3f}"),
                       _f(row["stream_gap_p99"], "{:.3f}"), _f(row["stream_gap_max"], "{:.3f}"),
                       ttft, _f(row["ttft_over_alone_max"]))
+        out.append(t)
+    if "budget" in parts:
+        t = Table(title="in process: a prompt's pieces beside decoding streams, per budget")
+        for col in ("budget", "decode step s", "mixed step p50 s", "mixed step max s",
+                    "prompt tok/s"):
+            t.add_column(col, justify="right")
+        for row in parts["budget"]["rows"]:
+            t.add_row(str(row["budget"]), _f(row["decode_step_s"]),
+                      _f(row["mixed_step_s_p50"]), _f(row["mixed_step_s_max"]),
+                      _f(row["prompt_tokens_per_s"], "{:.1f}"))
         out.append(t)
     return out

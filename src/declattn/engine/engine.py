@@ -32,15 +32,18 @@ from declattn.engine.runs import PlanCarry
 from declattn.engine.sampler import SamplingParams
 from declattn.engine.scheduler import Scheduler
 
-DEFAULT_PREFILL_BUDGET = 512
-"""Prompt tokens one step computes beside the decode rows (``prefill_budget``)."""
+DEFAULT_PREFILL_BUDGET = 256
+"""Prompt tokens one step computes beside the decode rows (``prefill_budget``): the
+streams' wait between two tokens against the new prompt's time to its first. A step
+that carries prompt rows pays a fixed cost whatever their number (a packed GGUF layer
+unpacks its whole matrix for a call of many rows), so halving the budget from 256
+shortens a step far less than it lengthens the prefill (docs/benchmarks.md)."""
 
 DEFAULT_PREFILL_CHUNK = 512
-"""Prompt tokens per prefill step. Attention over the earlier context costs the same
-however the prompt is cut, and on CPU the projections run no faster on longer chunks
-(bf16 GEMMs measured 150 GFLOP/s at 512 rows, 120 at 2,048; SmolLM2 4K prefills within
-noise from 512 to 4,096), while a shorter chunk stalls the other running sequences of
-a batch for less time and keeps activations small."""
+"""The grid of prompt positions: a piece of a prompt never crosses a multiple of it, and
+a cached prefix is shared in whole chunks (``prefix.py``). Attention over the earlier
+context costs the same however the prompt is cut, and on CPU the projections run no
+faster on longer calls, while a longer call keeps more activations."""
 
 
 class PagedEngine:
