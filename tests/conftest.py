@@ -22,7 +22,8 @@ REAL_MODEL_MODULES = {
     "engine/test_registry.py",
     "eval/test_eval_cli.py",
     "show/test_show_browser.py",
-    "test_constrain.py",
+    "da/test_constrain.py",
+    "api/test_jump_forward.py",
     "train/test_da_tiny.py",
     "train/test_trainer.py",
 }

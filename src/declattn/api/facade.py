@@ -527,7 +527,7 @@ class Engine:
         stats = Stats(
             prompt_tokens=len(req.prompt_ids),
             output_tokens=len(req.output_ids),
-            decode_steps=acc.steps,
+            decode_steps=sum(1 for r in req.reads if not r.forced),
             prefill_seconds=req.prefill_seconds,
             decode_seconds=req.decode_seconds,
             logical_attended=totals["logical"],

@@ -23,7 +23,8 @@ class Delta:
 
 @dataclass
 class Stats:
-    """Counts for one response. Attended figures are sums over decode steps."""
+    """Counts for one response. ``decode_steps`` counts forwards (a run of forced tag
+    text goes in one); attended figures are sums over every token's query."""
 
     prompt_tokens: int
     output_tokens: int
