@@ -134,8 +134,8 @@ def add_focus_args(parser: Any) -> None:
     )
     parser.add_argument(
         "--min-context", type=int, default=None, metavar="TOKENS",
-        help="a shorter context runs vanilla, and says so (default: 1.5 chunks, the measured "
-        "break-even, docs/eval.md; 0: always DA)",
+        help="a shorter context runs vanilla, and says so (default: the gate decides from "
+        "the expected bytes of the whole reply, docs/protocol.md; 0: always DA)",
     )
 
 
