@@ -27,6 +27,12 @@ BVENV  := .venv-bench
 BBIN   := $(BVENV)/bin
 BSTAMP := $(BVENV)/.installed
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+# llama-server (`declattn bench throughput`: the server a CPU user would run instead),
+# built from the llama.cpp source that llama-cpp-python 0.3.36 vendors (its PyPI sdist
+# holds tools/server) with the same GGML flags as above. Its web UI is left out (the
+# build would download it) and so is TLS: the bench talks to it on 127.0.0.1 only.
+LLAMA_SRC    := build/llama-src/llama_cpp_python-0.3.36/vendor/llama.cpp
+LLAMA_SERVER := $(BBIN)/llama-server
 
 .PHONY: demo test test-fast lint clean bench-env bench-peers
 
@@ -67,7 +73,20 @@ $(BSTAMP): Makefile
 		'llama-cpp-python==0.3.36'
 	touch $@
 
-bench-env: $(BSTAMP)
+$(LLAMA_SERVER): $(BSTAMP)
+	rm -rf build/llama-src build/llama-server && mkdir -p build/llama-src
+	$(BBIN)/pip download --quiet --disable-pip-version-check --no-binary :all: --no-deps \
+		'llama-cpp-python==0.3.36' -d build/llama-src
+	tar xzf build/llama-src/llama_cpp_python-0.3.36.tar.gz -C build/llama-src
+	cmake -S $(LLAMA_SRC) -B build/llama-server -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+		-DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)' -DBUILD_SHARED_LIBS=OFF \
+		-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF \
+		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+		-DLLAMA_OPENSSL=OFF
+	cmake --build build/llama-server --target llama-server -j 2
+	cp build/llama-server/bin/llama-server $@
+
+bench-env: $(BSTAMP) $(LLAMA_SERVER)
 
 bench-peers: $(STAMP) $(BSTAMP)
 	$(BIN)/declattn bench peers --llama-python $(BBIN)/python

@@ -22,7 +22,7 @@ def _digest(*parts: object) -> str:
 
 def _document(root: Path, model: str, name: str, chunks: int, preview: str) -> str:
     """Write a chain of ``chunks`` chunk files; returns the document's id."""
-    ns = Namespace(model, f"files:{model}", "float32", 16, 64, 2, 2, 16, "e", "p")
+    ns = Namespace(model, f"files:{model}", "float32", 16, 64, 64, 2, 2, 16, "e", "p")
     ensure_namespace(root, ns)
     parent = ""
     for j in range(chunks):

@@ -71,7 +71,8 @@ def test_records_keep_the_da_options_a_replay_needs(compared):
     folder, _ = compared
     da = _load(folder / "run.da.json")
     opts = da["options"]
-    assert opts["line_start"] is False and opts["scaffold_local"] is False
+    # a model without its own settings runs the economical protocol (scaffold rule on)
+    assert opts["line_start"] is False and opts["scaffold_local"] is True
     assert opts["target"] == 2048 and "instruction" not in opts
     assert "options" not in _load(folder / "run.vanilla.json")  # a plain request has none
 

@@ -94,7 +94,7 @@ def test_eos_finishes():
     ids = prompt(30, 4)
     full = run_one(make_engine(model), ids, SamplingParams(max_tokens=10, ignore_eos=True))
     engine = make_engine(model)
-    engine._eos = {full.output_ids[3]}
+    engine.acceptor.eos = {full.output_ids[3]}
     seq = run_one(engine, ids, SamplingParams(max_tokens=10))
     assert seq.finish_reason == "eos"
     assert seq.output_ids == full.output_ids[: full.output_ids.index(full.output_ids[3]) + 1]

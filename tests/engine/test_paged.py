@@ -22,8 +22,9 @@ from paged_world import (
     random_view,
 )
 
-from declattn.engine.paged import PagedAttention, SeqStep
+from declattn.engine.paged import PagedAttention
 from declattn.engine.reads import ReadCounter
+from declattn.engine.seq_step import SeqStep
 
 
 @pytest.mark.parametrize(("n_heads", "n_kv"), GQA)

@@ -75,6 +75,8 @@ class Engine:
         kv_tokens: int | None = None,
         block_size: int = 16,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefill_budget: int | None = None,
+        prefill_first: bool = False,
         prefix_caching: bool = True,
         batch_invariant: bool = False,
         kv_disk: bool = True,
@@ -98,7 +100,10 @@ class Engine:
         else ``~/.cache/declattn/kv``), at most ``kv_cache_size`` bytes (or ``"20G"``;
         default 20 GiB, or half the disk's free space if less). A model built in memory
         (no files) gets it only with an explicit ``kv_cache_dir``. ``model_name``: what
-        ``declattn cache ls`` shows (``from_pretrained`` passes the name it was given)."""
+        ``declattn cache ls`` shows (``from_pretrained`` passes the name it was given).
+
+        ``prefill_budget``, ``prefill_first``: how a step shares its forward between the
+        running sequences and a waiting prompt (``engine/scheduler.py``)."""
         if loaded.tokenizer is None:
             raise ValueError(f"{loaded.source}: the model has no tokenizer")
         if kv_tokens is not None and kv_tokens < 1:
@@ -111,6 +116,8 @@ class Engine:
         self._num_blocks = -(-kv_tokens // block_size)
         self._block_size = block_size
         self._prefill_chunk = prefill_chunk
+        self._prefill_budget = prefill_budget
+        self._prefill_first = prefill_first
         self._prefix_caching = prefix_caching
         self._batch_invariant = batch_invariant
         # the prefix cache's disk tier (#43)
@@ -158,11 +165,12 @@ class Engine:
         *,
         prefix_caching: bool | None = None,
         batch_invariant: bool | None = None,
+        prefill_budget: int | None = None,
+        prefill_first: bool | None = None,
     ) -> Engine:
         """The same loaded model (and tokenizer, DA defaults, vocabulary cache) over a
         KV pool of its own of ``num_blocks`` blocks: a server's pool, a test's small one.
-        ``prefix_caching`` and ``batch_invariant`` keep this engine's settings unless
-        given."""
+        The other settings keep this engine's unless given."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be at least 1, got {num_blocks}")
         other = Engine.__new__(Engine)
@@ -172,6 +180,10 @@ class Engine:
             other._prefix_caching = prefix_caching
         if batch_invariant is not None:
             other._batch_invariant = batch_invariant
+        if prefill_budget is not None:
+            other._prefill_budget = prefill_budget
+        if prefill_first is not None:
+            other._prefill_first = prefill_first
         other._core = None
         return other
 
@@ -188,6 +200,8 @@ class Engine:
                 num_blocks=self._num_blocks,
                 block_size=self._block_size,
                 prefill_chunk=self._prefill_chunk,
+                prefill_budget=self._prefill_budget,
+                prefill_first=self._prefill_first,
                 prefix_caching=self._prefix_caching,
                 batch_invariant=self._batch_invariant,
                 kv_disk=self._disk_options(),
@@ -236,11 +250,13 @@ class Engine:
         return self._engine.add(controller, params)
 
     def step(self) -> list[TokenEvent]:
-        """One prefill chunk (if a sequence waits) or one decode step for all running."""
+        """One forward: a decode row of every running sequence (more where forced tokens
+        wait) and a piece of a waiting prompt beside them (``engine/scheduler.py``)."""
         return self._engine.step()
 
     def next_batch(self) -> list[Request]:
-        """The sequences the next ``step`` works on (one being prefilled, or all running)."""
+        """The sequences the next ``step`` works on (the running ones, and the waiting one
+        whose piece goes along)."""
         return self._engine.next_batch()
 
     def abort(self, request: Request, reason: str = "abort") -> None:

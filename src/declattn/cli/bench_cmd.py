@@ -83,10 +83,14 @@ def add_parser(sub: Any) -> None:
         help="soak a real server on loopback with mixed, partly hostile traffic (bounded)",
     )
     add_model_arg(so, default="smollm2-135m")
-    so.add_argument("--seconds", type=float, default=300.0)
-    so.add_argument("--max-requests", type=int, default=2000)
-    so.add_argument("--clients", type=int, default=6)
-    so.add_argument("--kv-blocks", type=int, default=512)
+    so.add_argument("--seconds", type=float, default=1800.0, help="soak length (default 30 min)")
+    so.add_argument("--max-requests", type=int, default=20000)
+    so.add_argument("--clients", type=int, default=8, help="requests at once (default 8)")
+    so.add_argument("--kv-blocks", type=int, default=2048)
+    so.add_argument("--long-tokens", type=int, default=4096,
+                    help="document tokens of the long DA requests (default 4096)")
+    so.add_argument("--rss-every", type=float, default=10.0,
+                    help="seconds between samples of the server's memory (default 10)")
     so.add_argument("--seed", type=int, default=0)
     so.add_argument("--out", default="out/bench", help="directory for the JSON")
     so.set_defaults(func=run_soak)
@@ -97,6 +101,16 @@ def add_parser(sub: Any) -> None:
 
     add_arguments(pe, _ints)
     pe.set_defaults(func=run_peers)
+    th = bsub.add_parser(
+        "throughput",
+        help="N concurrent long-context requests: aggregate tokens/s, inter-token latency, "
+        "bytes per step; in process, through the server against llama-server, and with "
+        "prompts arriving while streams decode",
+    )
+    from declattn.bench.throughput_report import add_arguments as throughput_arguments
+
+    throughput_arguments(th, _ints)
+    th.set_defaults(func=run_throughput)
     we = bsub.add_parser(
         "weights", help="accuracy of packed GGUF weights against the file dequantised to fp32"
     )
@@ -225,6 +239,24 @@ def run_peers(args: argparse.Namespace) -> int:
         return run(args)
 
 
+def run_throughput(args: argparse.Namespace) -> int:
+    from declattn.bench.throughput_report import run, tables
+
+    err = console(stderr=True)
+    try:
+        with user_errors():
+            result = run(args, log=lambda msg: err.print(f"[dim]{msg}[/dim]"))
+    except ValueError as e:
+        raise UserError(str(e)) from e
+    con = console()
+    for table in tables(result):
+        con.print(table)
+    m = result["machine"]
+    con.print(f"{result['model']}, {m['cpu']}, {m['torch_threads']} threads, {m['date']}; "
+              f"wrote {result['path']}")
+    return 0
+
+
 def run_reuse(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -333,8 +365,10 @@ def run_soak(args: argparse.Namespace) -> int:
 
     if args.seconds <= 0 or args.max_requests < 1 or args.clients < 1:
         raise UserError("--seconds, --max-requests and --clients must be positive")
+    if args.rss_every <= 0 or args.long_tokens < 1:
+        raise UserError("--rss-every and --long-tokens must be positive")
     cfg = SoakConfig(args.model, args.seconds, args.max_requests, args.clients, args.kv_blocks,
-                     args.seed)
+                     args.seed, rss_every_s=args.rss_every, long_tokens=args.long_tokens)
     err = console(stderr=True)
     result = soak(cfg, log=lambda m: err.print(f"[dim]{m}[/dim]"))
     result["machine"] = machine_info()
@@ -342,11 +376,12 @@ def run_soak(args: argparse.Namespace) -> int:
     keys = ("requests", "served_2xx", "client_4xx", "server_5xx", "short_p50_seconds",
             "short_p95_seconds", "short_p50_during_long_seconds",
             "short_p95_during_long_seconds", "blocks_in_use_at_end", "preemptions",
-            "server_rss_mb_before", "server_rss_mb_after")
+            "server_rss_mb_before", "server_rss_mb_after_first_request", "server_rss_mb_after",
+            "rss_growth_after_5_min")
     con = console()
     for k in keys:
         v = result[k]
-        con.print(f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: {v}")
+        con.print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
     con.print(f"wrote {path}")
     return 0 if result["server_5xx"] == 0 and result["blocks_in_use_at_end"] == 0 else 1
 

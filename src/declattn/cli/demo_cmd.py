@@ -152,8 +152,9 @@ def _side_by_side(r: Asked) -> Table:
     t.add_row("attended tokens", f"{a.logical_attended:,}", f"{b.logical_attended:,}")
     t.add_row("decode seconds", f"{a.decode_seconds:.1f}", f"{b.decode_seconds:.1f}")
     t.add_row("reply tokens", f"{a.output_tokens:,}", f"{b.output_tokens:,}")
-    t.add_row("prompt KV", f"{kv_sources(a)} of {a.prompt_tokens:,}",
-              f"{kv_sources(b)} of {b.prompt_tokens:,}")
+    t.add_row("prompt from the prefix cache", f"{a.cached_tokens:,} of {a.prompt_tokens:,}",
+              f"{b.cached_tokens:,} of {b.prompt_tokens:,}")
+    t.add_row("of them from disk", f"{a.disk_tokens:,}", f"{b.disk_tokens:,}")
     shared = _common_prefix(r.da.session.prompt_ids, r.plain.session.prompt_ids)
     t.add_row("prompt shared with the DA prompt", "", f"{shared:,} tokens")
     t.add_row("answered in (wall)", f"{r.da_wall:.1f} s", f"{r.plain_wall:.1f} s")

@@ -51,6 +51,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--batch-invariant", action="store_true",
                    help="decode each request in a model call of its own, so greedy text never "
                    "depends on the batch (slower under concurrent load; docs/server.md)")
+    p.add_argument("--prefill-budget", type=int, default=None,
+                   help="prompt tokens one step computes beside the running requests' decode "
+                   "rows: lower keeps streams flowing, higher gives new prompts their first "
+                   "token sooner (default 256; docs/server.md)")
+    p.add_argument("--prefill-first", action="store_true",
+                   help="run a prompt's prefill alone, pausing every stream meanwhile (the "
+                   "scheduling before mixed steps, for comparison)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     limits = p.add_argument_group("limits and access (see docs/server.md)")
     limits.add_argument("--max-request-bytes", type=int, default=None,
@@ -118,6 +125,7 @@ def server_config(args: argparse.Namespace) -> Any:
         ("--port", args.port, 0),
         ("--max-request-bytes", args.max_request_bytes, 1),
         ("--prepare-workers", args.prepare_workers, 1),
+        ("--prefill-budget", args.prefill_budget, 1),
     ):
         if value is not None and value < low:
             raise UserError(f"{flag} must be at least {low}")
@@ -140,6 +148,8 @@ def server_config(args: argparse.Namespace) -> Any:
         aliases=tuple({args.model} - {name}),
         prefix_caching=not args.no_prefix_cache,
         batch_invariant=args.batch_invariant,
+        prefill_budget=args.prefill_budget,
+        prefill_first=args.prefill_first,
         request_timeout_s=args.request_timeout,
         api_key=api_key,
         allowed_hosts=_names(args.allowed_hosts),

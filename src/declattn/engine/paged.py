@@ -10,7 +10,7 @@ Prefill rows (and chunked prefill) attend causally over every stored position
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,47 +25,18 @@ from declattn.engine.decode import (
     decode_batch,
     resolve_kernel,
 )
+from declattn.engine.forced_rows import (
+    RowsPlan,
+    plan_rows,
+    rows_attention,
+    window_blocks,
+    window_keys,
+)
 from declattn.engine.kv import KVCache, inverse_table
 from declattn.engine.prefill import prefill_attention, viewed_prefill_attention
 from declattn.engine.reads import BlockRead, ReadCounter
-from declattn.engine.runs import RunPlan, plan_runs, sorted_unique
-
-
-@dataclass(frozen=True)
-class SeqStep:
-    """One sequence's share of a batch step.
-
-    Its ``n_new`` tokens sit at positions ``start .. start + n_new - 1`` and are rows of
-    the step's q/k/v in batch order. ``view`` lists the logical blocks
-    (``position // block_size``) that global layers may read on a decode row
-    (``n_new == 1``); ``None`` reads everything. Prefill rows ignore the view: every
-    mode attends fully during prefill.
-
-    ``select``, when given, replaces ``view`` on each global layer of a decode row: it is
-    called with the layer index and the row's query ``[H, D]`` (rotated, unscaled) once
-    that layer's new key is stored, and returns the blocks that layer reads. It is the
-    hook for query-aware selection (Quest-style baselines), which cannot know its blocks
-    before the query exists.
-    """
-
-    seq_id: int
-    start: int
-    n_new: int
-    view: Sequence[int] | None = None
-    select: Callable[[int, Tensor], Sequence[int] | None] | None = None
-    row_views: Sequence[Sequence[int] | None] | None = None
-    """Prefill rows that recompute decode steps: each row's view on global layers
-    (``None`` for a row that read everything), so the K/V recomputed is what those
-    steps computed. Absent for an ordinary prefill."""
-
-    @property
-    def length(self) -> int:
-        """Sequence length once this step's tokens are stored."""
-        return self.start + self.n_new
-
-    @property
-    def is_decode(self) -> bool:
-        return self.n_new == 1
+from declattn.engine.runs import RunPlan, checked_view, plan_runs
+from declattn.engine.seq_step import SeqStep
 
 
 @dataclass
@@ -81,6 +52,7 @@ class _SeqPlan:
     # sequence's blocks are physically consecutive (a zero-copy slice), else an index.
     key_rows: tuple[int, int] | Tensor | None = None
     window_runs: dict[int, RunPlan] = field(default_factory=dict)
+    rows: RowsPlan | None = None  # several decode rows of one sequence
 
     def keys(self, pool: Tensor, lo: int, hi: int) -> Tensor:
         """Pool rows of positions ``[lo, hi)`` as ``[Hkv, hi - lo, D]``."""
@@ -165,16 +137,19 @@ class PagedAttention(PlannedDecode):
                 plan.inverse = inverse = inverse_table(table)
                 plan.global_runs = plan_runs(table, keep, 0, st.length, bs, self._device, inverse)
                 new_slots.append(cache.slots(st.seq_id, st.start, st.length))
-            elif _consecutive(table):
-                first = int(table[0]) * bs
-                plan.key_rows = (first, first + st.length)
-                new_slots.append(
-                    torch.arange(first + st.start, first + st.length, device=self._device)
-                )
             else:
-                slots = cache.slots(st.seq_id, 0, st.length)
-                plan.key_rows = slots
-                new_slots.append(slots[st.start :])
+                if st.is_rows:
+                    plan.rows = self._rows_plan(st, table)
+                if _consecutive(table):
+                    first = int(table[0]) * bs
+                    plan.key_rows = (first, first + st.length)
+                    new_slots.append(
+                        torch.arange(first + st.start, first + st.length, device=self._device)
+                    )
+                else:
+                    slots = cache.slots(st.seq_id, 0, st.length)
+                    plan.key_rows = slots
+                    new_slots.append(slots[st.start :])
             plans.append(plan)
             row += st.n_new
         self._plans = plans
@@ -190,17 +165,17 @@ class PagedAttention(PlannedDecode):
         self._new_slots = _as_rows(new_slots, native=cache.stores_natively())
         self.step = counter.begin_step() if counter is not None else -1
 
+    def _rows_plan(self, st: SeqStep, table: np.ndarray) -> RowsPlan:
+        if st.row_views is None or len(st.row_views) != st.n_new or st.select is not None:
+            raise ValueError(
+                f"decode rows of sequence {st.seq_id} need a view per row and no selection"
+            )
+        bs = self.cache.block_size
+        return plan_rows(st.seq_id, table, st.start, st.row_views, bs, self._device)
+
     @staticmethod
     def _check_view(st: SeqStep, n_blocks: int) -> np.ndarray:
-        keep = sorted_unique(st.view if st.view is not None else ())
-        if keep.size and (keep[0] < 0 or keep[-1] >= n_blocks):
-            raise ValueError(f"view of sequence {st.seq_id} names blocks outside [0, {n_blocks})")
-        if not keep.size or keep[-1] != n_blocks - 1:
-            raise ValueError(
-                f"view of sequence {st.seq_id} misses block {n_blocks - 1}, "
-                "which holds the newest token"
-            )
-        return keep
+        return checked_view(st.seq_id, st.view if st.view is not None else (), n_blocks)
 
     def _selected_runs(self, plan: _SeqPlan, layer: int, q: Tensor) -> RunPlan:
         """The runs of the blocks ``plan.step.select`` picks for this layer and query."""
@@ -241,14 +216,19 @@ class PagedAttention(PlannedDecode):
             raise ValueError("window must be >= 1")
         self.cache.write(layer, self._new_slots, k, v)
         kp, vp = self.cache.k[layer], self.cache.v[layer]
-        if len(self._plans) == 1 and not self._plans[0].step.is_decode:
+        only = self._plans[0]
+        if len(self._plans) == 1 and not only.step.is_decode and only.rows is None:
             return self._prefill(self._plans[0], kp, vp, q, scale, window)
         if len(self._decode_plans) == len(self._plans):  # a pure decode step
             return self._decode(layer, kp, vp, q, scale, window)
         out = torch.empty_like(q)
         for plan in self._plans:
             st, r = plan.step, plan.row
-            if not st.is_decode:
+            if plan.rows is not None:
+                out[r : r + st.n_new] = self._rows(
+                    layer, plan, kp, vp, q[r : r + st.n_new], scale, window
+                )
+            elif not st.is_decode:
                 out[r : r + st.n_new] = self._prefill(
                     plan, kp, vp, q[r : r + st.n_new], scale, window
                 )
@@ -343,11 +323,48 @@ class PagedAttention(PlannedDecode):
                 )
             )
 
+    def _rows(
+        self,
+        layer: int,
+        plan: _SeqPlan,
+        kp: Tensor,
+        vp: Tensor,
+        q: Tensor,
+        scale: float,
+        window: int | None,
+    ) -> Tensor:
+        """Several decode rows of one sequence: each over its own view (global layers) or
+        window, the K/V they read gathered once, and each row's reads counted."""
+        rows = plan.rows
+        assert rows is not None
+        st, bs = plan.step, self.cache.block_size
+        if window is not None:
+            blocks = window_blocks(st.start, st.n_new, window, bs)
+            keys = window_keys(st.start, st.n_new, window)
+        else:
+            blocks, keys = list(rows.blocks), rows.n_keys
+        self._record_rows(layer, st.seq_id, blocks, keys, window is not None)
+        if window is not None or rows.full:  # a causal prefill over what they read
+            return self._prefill(plan, kp, vp, q, scale, window)
+        return rows_attention(rows, q, kp, vp, scale)
+
+    def _record_rows(
+        self, layer: int, seq_id: int, blocks: Sequence[tuple[int, ...]], keys: int, sliding: bool
+    ) -> None:
+        """One record per row; the gathered bytes, read once, on the first."""
+        if self.counter is None:
+            return
+        for i, kept in enumerate(blocks):
+            n_bytes = keys * self._bytes_per_token if i == 0 else 0
+            self.counter.record(BlockRead(self.step, layer, seq_id, kept, n_bytes, sliding, i))
+
     def _prefill(
         self, plan: _SeqPlan, kp: Tensor, vp: Tensor, q: Tensor, scale: float, window: int | None
     ) -> Tensor:
         st = plan.step
-        if window is None and st.row_views is not None and any(st.row_views):
+        if window is None and not st.decode_rows and st.row_views is not None and any(
+            st.row_views
+        ):
             return viewed_prefill_attention(
                 q, plan.keys(kp, 0, st.length), plan.keys(vp, 0, st.length), st.start, scale,
                 st.row_views, self.cache.block_size,

@@ -36,6 +36,20 @@ def sorted_unique(values: Sequence[int] | np.ndarray) -> np.ndarray:
     return a
 
 
+def checked_view(seq_id: int, view: Sequence[int], n_blocks: int) -> np.ndarray:
+    """``view`` of a decode row reading ``n_blocks`` blocks, sorted and unique; a
+    ``ValueError`` if it names a block outside them or misses the newest one."""
+    keep = sorted_unique(view)
+    if keep.size and (keep[0] < 0 or keep[-1] >= n_blocks):
+        raise ValueError(f"view of sequence {seq_id} names blocks outside [0, {n_blocks})")
+    if not keep.size or keep[-1] != n_blocks - 1:
+        raise ValueError(
+            f"view of sequence {seq_id} misses block {n_blocks - 1}, "
+            "which holds the newest token"
+        )
+    return keep
+
+
 def _expand(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(starts[i], stops[i])``, vectorised."""
     lengths = stops - starts

@@ -76,7 +76,7 @@ def test_the_model_config_as_loaded_is_part_of_the_identity() -> None:
 
 
 def test_every_field_of_a_namespace_changes_its_key() -> None:
-    ns = Namespace("m", "files:x", "float32", 16, 512, 2, 2, 16, "e", "p")
+    ns = Namespace("m", "files:x", "float32", 16, 512, 256, 2, 2, 16, "e", "p")
     keys = {ns.key}
     for field, value in [("model", "files:y"), ("kv_dtype", "bfloat16"), ("block_size", 32),
                          ("prefill_chunk", 256), ("layers", 3), ("kv_heads", 1),

@@ -9,8 +9,9 @@ the directory it lives in, so that a change of any of them misses instead of mat
   fingerprint of the weights as loaded (every tensor's name, dtype and shape and its
   first and last 4 KiB: packed or dense, the dtype, an adapter added in memory). A model
   with no files (random weights in tests) is hashed whole;
-- the KV pool: dtype, block size, layers, KV heads, head size; the prefill chunk (the
-  chunk boundaries decide the summation order, see ``PagedEngine._share_prefix``);
+- the KV pool: dtype, block size, layers, KV heads, head size; the prefill chunk and
+  budget (where a prompt's pieces start decides the summation order, see
+  ``engine/prefix.py``);
 - the engine's own source (every ``.py`` and C++ file under ``engine/``): a code change
   that could change a bit can never be forgotten the way a version number can; a
   release only changes it on upgrade;
@@ -54,6 +55,7 @@ class Namespace:
     kv_dtype: str
     block_size: int
     prefill_chunk: int
+    prefill_budget: int
     layers: int
     kv_heads: int
     head_dim: int

@@ -59,12 +59,14 @@ class DiskTier:
     """Reads and writes one engine's chunk files under ``options.directory``."""
 
     def __init__(
-        self, options: DiskOptions, kv: KVConfig, prefill_chunk: int, tokenizer: Any
+        self, options: DiskOptions, kv: KVConfig, prefill_chunk: int, prefill_budget: int,
+        tokenizer: Any,
     ) -> None:
         self.options = options
         self.root: Path = options.directory
         self.kv = kv
         self.chunk = prefill_chunk
+        self.budget = prefill_budget
         self.chunk_blocks = prefill_chunk // kv.block_size
         self.shape = (kv.n_layers, kv.n_kv_heads, prefill_chunk, kv.head_dim)
         self._tokenizer = tokenizer
@@ -80,7 +82,8 @@ class DiskTier:
         return Namespace(
             model_name=self.options.model_name, model=self.options.model,
             kv_dtype=str(kv.dtype).removeprefix("torch."), block_size=kv.block_size,
-            prefill_chunk=self.chunk, layers=kv.n_layers, kv_heads=kv.n_kv_heads,
+            prefill_chunk=self.chunk, prefill_budget=self.budget, layers=kv.n_layers,
+            kv_heads=kv.n_kv_heads,
             head_dim=kv.head_dim, engine=engine_digest(),
             platform=platform_identity(torch.device(kv.device)),
         )
