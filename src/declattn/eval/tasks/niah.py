@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Callable
 
 from declattn.eval.sample import Sample
 from declattn.eval.tasks.base import (
@@ -43,22 +44,22 @@ def _needle(key: str, value: str, kind: str) -> str:
     return f"The special magic {noun} for {key} is: {value}."
 
 
+def _distinct(n: int, draw: Callable[[], str]) -> list[str]:
+    """``n`` distinct draws, in the order drawn (a repeat is drawn again)."""
+    out: list[str] = []
+    while len(out) < n:
+        x = draw()
+        if x not in out:
+            out.append(x)
+    return out
+
+
 def _unique_keys(rng: random.Random, data: TaskData, n: int) -> list[str]:
-    keys: list[str] = []
-    while len(keys) < n:
-        k = _key(rng, data)
-        if k not in keys:
-            keys.append(k)
-    return keys
+    return _distinct(n, lambda: _key(rng, data))
 
 
 def _unique_values(rng: random.Random, kind: str, n: int) -> list[str]:
-    values: list[str] = []
-    while len(values) < n:
-        v = _value(rng, kind)
-        if v not in values:
-            values.append(v)
-    return values
+    return _distinct(n, lambda: _value(rng, kind))
 
 
 def _sample(
