@@ -41,11 +41,9 @@ DEFAULT_CONTEXTS = (4096, 16384, 32768)
 
 @dataclass(frozen=True)
 class DecodeBenchConfig:
-    """What to run. On the shared 2-core EPYC at load 3-4 with one thread, the defaults
-    took about 11 minutes: micro 1, e2e 1.5, and 8 for the comparison with
-    ``transformers`` (both prefill 16K tokens); ``hf_contexts=(4096,)`` saves 7. The micro
-    part in Qwen2.5-0.5B's shape (24 layers, both decode paths, 1 and 2 threads) took 7
-    minutes at load 7-14 (2 of CPU), most of it the torch fallback's arms."""
+    """What to run. On a 2-core machine the defaults take minutes, most of them the
+    comparison with ``transformers`` (both prefill 16K tokens), which ``hf_contexts=(4096,)``
+    shortens the most; in the micro part the torch fallback's arms take the longest."""
 
     contexts: tuple[int, ...] = DEFAULT_CONTEXTS
     e2e_contexts: tuple[int, ...] = (16384, 65536)

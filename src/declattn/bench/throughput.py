@@ -30,14 +30,15 @@ from typing import Any
 import torch
 
 from declattn.api import Engine
+from declattn.api.session import DASession, Session
 from declattn.bench.http_load import pct
 from declattn.bench.machine import BandwidthProbe
 from declattn.bench.transcript import QUESTION, repeated_essay
+from declattn.da.options import DAOptions
 from declattn.engine.controller import Controller, Forced
 from declattn.engine.request import Request
 from declattn.engine.sampler import SamplingParams
 from declattn.protocol.modes import Mode
-from declattn.session import DAOptions, DASession, Session
 
 FILLER = "Reading the chunk closely for the vault code of the north tower. "
 ARMS = ("vanilla", "da-focus", "da")

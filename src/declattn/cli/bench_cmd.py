@@ -6,7 +6,14 @@ import argparse
 import json
 from typing import Any
 
-from declattn.cli.common import UserError, add_model_arg, console, user_errors
+from declattn.cli.common import (
+    UserError,
+    add_model_arg,
+    add_threads_arg,
+    console,
+    use_threads_arg,
+    user_errors,
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -35,8 +42,7 @@ def add_parser(sub: Any) -> None:
     dec.add_argument("--repeats", type=int, default=None, help="micro-benchmark repeats")
     dec.add_argument("--parts", default="micro,e2e,hf",
                      help="which parts to run, comma separated (micro, e2e, hf)")
-    dec.add_argument("--threads", type=int, default=None,
-                     help="torch threads (default: one per core measured idle at the start)")
+    add_threads_arg(dec)
     dec.add_argument("--quick", action="store_true", help="small sizes: a sanity run")
     dec.add_argument("--out", default="out/bench", help="directory for the JSON and PNG")
     dec.set_defaults(func=run_decode)
@@ -69,7 +75,7 @@ def add_parser(sub: Any) -> None:
                     help="instead: a cold question in a fresh process, the same question in a "
                     "new process (KV from the disk tier) and a second question in the first "
                     "(KV from memory); in a temporary cache directory, removed after")
-    ru.add_argument("--threads", type=int, default=None)
+    add_threads_arg(ru)
     ru.add_argument("--out", default="out/bench", help="directory for the JSON")
     ru.set_defaults(func=run_reuse)
     so = bsub.add_parser(
@@ -147,9 +153,8 @@ def run_decode(args: argparse.Namespace) -> int:
 
     from declattn.bench.decode import DecodeBenchConfig, run_decode_bench, write_result
     from declattn.bench.decode_report import machine_line, tables
-    from declattn.engine.threads import use_threads
 
-    threads = use_threads(args.threads).threads
+    threads = use_threads_arg(args).threads
     overrides = {
         "contexts": args.contexts,
         "e2e_contexts": args.e2e_contexts,
@@ -259,11 +264,10 @@ def run_reuse(args: argparse.Namespace) -> int:
     from declattn.bench.machine import machine_info
     from declattn.bench.reuse import ReuseConfig
     from declattn.bench.reuse import run_reuse as bench
-    from declattn.engine.threads import use_threads
 
     if args.questions < 1 or not 0 <= args.independent <= args.questions:
         raise UserError("--questions must be >= 1 and --independent in [0, --questions]")
-    threads = use_threads(args.threads).threads
+    threads = use_threads_arg(args).threads
     cfg = ReuseConfig(args.tokens, args.questions, args.independent, args.max_tokens,
                       args.seed, args.server)
     err = console(stderr=True)

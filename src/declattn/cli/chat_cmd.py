@@ -14,13 +14,17 @@ from typing import Any
 
 from declattn.cli.common import (
     UserError,
+    add_arm_args,
     add_focus_args,
     add_kv_cache_args,
     add_model_arg,
+    add_threads_arg,
+    arm_of,
     console,
     focus_options,
     kv_cache_kwargs,
     read_context,
+    use_threads_arg,
     user_errors,
 )
 
@@ -29,12 +33,9 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser("chat", help="a conversation over one document (questions on stdin)")
     add_model_arg(p)
     p.add_argument("--context", required=True, help="a text file (not -: stdin asks)")
-    arm = p.add_mutually_exclusive_group()
-    arm.add_argument("--vanilla", action="store_true", help="ordinary prompt, full attention")
-    arm.add_argument("--no-mask", action="store_true", help="DA prompt without masking (DA-nm)")
+    add_arm_args(p)
     p.add_argument("--max-tokens", type=int, default=512)
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: one per core measured idle at the start)")
+    add_threads_arg(p)
     add_focus_args(p)
     add_kv_cache_args(p)
     p.set_defaults(func=run)
@@ -43,19 +44,16 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from declattn.api import Engine
     from declattn.cli.answering import per_step_line, stream_arm, timing_line
-    from declattn.engine.threads import use_threads
 
     if args.context == "-":
         raise UserError("--context must be a file: standard input carries the questions")
     if args.max_tokens < 1:
         raise UserError("--max-tokens must be at least 1")
-    if args.threads is not None and args.threads < 1:
-        raise UserError("--threads must be at least 1")
-    threads = use_threads(args.threads)
+    threads = use_threads_arg(args)
     context = read_context(args.context)
     out = console()
     out.print(f"[dim]{threads.line()}[/]")
-    arm = "vanilla" if args.vanilla else "da-nm" if args.no_mask else "da"
+    arm = arm_of(args)
     ns = argparse.Namespace(max_tokens=args.max_tokens, json=False)
     interactive = sys.stdin.isatty()
     with user_errors():

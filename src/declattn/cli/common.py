@@ -7,11 +7,14 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
 from declattn.da.options import DAOptions
+
+if TYPE_CHECKING:
+    from declattn.engine.threads import ThreadChoice
 
 
 class UserError(Exception):
@@ -20,6 +23,35 @@ class UserError(Exception):
 
 def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False)
+
+
+def add_threads_arg(parser: Any) -> None:
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: one per core measured idle at the start)")
+
+
+def use_threads_arg(args: Any) -> ThreadChoice:
+    """Apply ``--threads``: that many torch threads, or one per idle core unless told,
+    since a shared CPU thrashes with more threads than idle cores."""
+    from declattn.engine.threads import use_threads
+
+    if args.threads is not None and args.threads < 1:
+        raise UserError("--threads must be at least 1")
+    return use_threads(args.threads)
+
+
+def add_arm_args(parser: Any) -> Any:
+    """``--vanilla`` and ``--no-mask``, exclusive; returns their group, for a command
+    with another way to run (``run --compare``)."""
+    arm = parser.add_mutually_exclusive_group()
+    arm.add_argument("--vanilla", action="store_true", help="ordinary prompt, full attention")
+    arm.add_argument("--no-mask", action="store_true", help="DA prompt without masking (DA-nm)")
+    return arm
+
+
+def arm_of(args: Any) -> str:
+    """The arm ``--vanilla`` / ``--no-mask`` ask for: ``vanilla``, ``da-nm``, else ``da``."""
+    return "vanilla" if args.vanilla else "da-nm" if args.no_mask else "da"
 
 
 def read_context(path: str) -> str:
@@ -134,8 +166,8 @@ def add_focus_args(parser: Any) -> None:
     )
     parser.add_argument(
         "--min-context", type=int, default=None, metavar="TOKENS",
-        help="a shorter context runs vanilla, and says so (default: 1.5 chunks, the measured "
-        "break-even, docs/eval.md; 0: always DA)",
+        help="a shorter context runs vanilla, and says so (default: the gate decides from "
+        "the expected bytes of the whole reply, docs/protocol.md; 0: always DA)",
     )
 
 

@@ -29,9 +29,11 @@ from declattn.cli.common import (
     add_dtype_arg,
     add_focus_args,
     add_kv_cache_args,
+    add_threads_arg,
     console,
     focus_options,
     kv_cache_kwargs,
+    use_threads_arg,
     user_errors,
 )
 from declattn.protocol.instruction import BRIEF_INSTRUCTION
@@ -53,8 +55,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--out", default="out/demo", help="where the record and pictures go")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: one per core measured idle at the start)")
+    add_threads_arg(p)
     add_focus_args(p)
     add_kv_cache_args(p)
     p.set_defaults(func=run)
@@ -63,13 +64,9 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from declattn.api import Engine
     from declattn.api.results import PerAnswer
-    from declattn.engine.threads import use_threads
     from declattn.show import write_show
 
-    if args.threads is not None and args.threads < 1:
-        raise UserError("--threads must be at least 1")
-    # one thread per idle core unless told: a shared CPU thrashes otherwise
-    threads = use_threads(args.threads)
+    threads = use_threads_arg(args)
     out = console()
     out.print(f"[dim]{threads.line()}[/]")
     t0 = time.perf_counter()

@@ -17,8 +17,10 @@ from declattn.cli.common import (
     add_dtype_arg,
     add_kv_cache_args,
     add_model_arg,
+    add_threads_arg,
     console,
     kv_cache_kwargs,
+    use_threads_arg,
     user_errors,
 )
 
@@ -62,10 +64,7 @@ def add_parser(sub: Any) -> None:
         default="OPENAI_API_KEY",
         help="environment variable holding the judge's API key",
     )
-    p.add_argument(
-        "--threads", type=int, default=None,
-        help="torch threads (default: one per idle core; a shared CPU thrashes otherwise)",
-    )
+    add_threads_arg(p)
     p.add_argument("--no-plots", action="store_true")
     p.add_argument(
         "--no-prefix-cache", action="store_true",
@@ -119,14 +118,12 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--max-tokens must be at least 1")
     if args.chunk_cap < args.chunk_target:
         raise UserError("--chunk-cap must be at least --chunk-target")
-    if args.threads is not None and args.threads < 1:
-        raise UserError("--threads must be at least 1")
+    threads = use_threads_arg(args)
     judge = _judge(args)
-    from declattn.engine.threads import use_threads
     from declattn.eval.runner import EvalSpec
 
     con = console()
-    con.print(f"[dim]{use_threads(args.threads).line()}[/]")
+    con.print(f"[dim]{threads.line()}[/]")
 
     spec = EvalSpec(
         model=args.model,

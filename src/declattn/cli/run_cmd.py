@@ -8,15 +8,19 @@ from typing import Any
 from declattn.cli.answering import record_paths, report_answers, stream_arm, suffixed, summary
 from declattn.cli.common import (
     UserError,
+    add_arm_args,
     add_dtype_arg,
     add_focus_args,
     add_kv_cache_args,
     add_model_arg,
+    add_threads_arg,
+    arm_of,
     console,
     focus_options,
     kv_cache_kwargs,
     read_context,
     require_question,
+    use_threads_arg,
     user_errors,
 )
 
@@ -30,9 +34,7 @@ def add_parser(sub: Any) -> None:
         help="the question; repeat it to ask several over one document (its prefill is "
         "paid once: the prefix cache keeps the document's KV)",
     )
-    arm = p.add_mutually_exclusive_group()
-    arm.add_argument("--vanilla", action="store_true", help="ordinary prompt, full attention")
-    arm.add_argument("--no-mask", action="store_true", help="DA prompt without masking (DA-nm)")
+    arm = add_arm_args(p)
     arm.add_argument(
         "--compare", action="store_true",
         help="run DA and the plain answer side by side: the cost per answer (DA's reply over "
@@ -53,8 +55,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="prefill each question's prompt anew (by default the document's KV "
                    "is reused across --question)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: one per core measured idle at the start)")
+    add_threads_arg(p)
     p.add_argument("--save", help="write the run record (JSON) here (with --compare, one per "
                    "arm: NAME.da.json and NAME.vanilla.json)")
     add_kv_cache_args(p)
@@ -67,12 +68,8 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from declattn.api import Engine
-    from declattn.engine.threads import use_threads
 
-    if args.threads is not None and args.threads < 1:
-        raise UserError("--threads must be at least 1")
-    # one thread per idle core unless told: a shared CPU thrashes otherwise
-    threads = use_threads(args.threads)
+    threads = use_threads_arg(args)
     questions = [require_question(q) for q in (args.question or [None])]
     context = read_context(args.context)
     if args.max_tokens < 1:
@@ -86,9 +83,7 @@ def run(args: argparse.Namespace) -> int:
             return run_vllm(args, context, questions[0])
     out = console(stderr=args.json)
     out.print(f"[dim]{threads.line()}[/]")
-    arms = ["vanilla"] if args.vanilla else ["da-nm"] if args.no_mask else ["da"]
-    if args.compare:
-        arms = ["da", "vanilla"]
+    arms = ["da", "vanilla"] if args.compare else [arm_of(args)]
     results = []
     with user_errors():
         with out.status(f"loading {args.model}"):

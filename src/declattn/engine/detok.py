@@ -7,9 +7,8 @@ it ends in an incomplete character.
 Where the tokenizer is a Hugging Face one backed by the ``tokenizers`` library (every
 shipped model's), ``tokenizers.decoders.DecodeStream`` gives each token's text from a
 window of the last few ids, so a step costs the same at token 10 and token 10,000.
-Decoding the whole output every step, as the general path below does, made the
-engine's detokenising grow with the response (49 us at 200 tokens, 130 us at 600 on
-the Xeon guest, qwen2.5's tokenizer, 2026-12-04: a quadratic response). A tokenizer
+Decoding the whole output every step, as the general path below does, makes each
+step's detokenising grow with the response (quadratic over a response). A tokenizer
 that cleans up spaces after decoding (``clean_up_tokenization_spaces``), which a
 stream cannot see, takes the general path.
 """

@@ -126,8 +126,8 @@ def load_model(
     a directory of dense weights or a GPU); ``False`` loads dense. With packed matrices,
     ``dtype`` is that of the activations, norms, embedding and KV cache: bf16 by default
     even where the CPU has no native bf16, since it halves the KV bytes a step reads and
-    torch's int4/int8 fallback kernels are vectorised for bf16 only (fp32 ran 10x slower
-    on AVX2; the GGUF kernel takes either). ``policy`` chooses the kernel per GGUF
+    torch's int4/int8 fallback kernels are vectorised for bf16 only (fp32 is many times
+    slower on AVX2; the GGUF kernel takes either). ``policy`` chooses the kernel per GGUF
     format (``QuantPolicy()`` by default). ``cache_dir`` overrides
     ``converted_cache_root()`` for GGUF conversions.
     """

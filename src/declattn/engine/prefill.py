@@ -40,7 +40,7 @@ def _fp32_where_bf16_fails(
 ) -> Callable[_P, Tensor]:
     """``attend`` (q, k, v first), redone in fp32 where torch's bf16 kernel fails.
 
-    Why: on the Xeon guest (AMX, AVX-512) with ``ATEN_CPU_CAPABILITY=avx2`` set, torch
+    Why: on a Xeon with AMX and AVX-512, with ``ATEN_CPU_CAPABILITY=avx2`` set, torch
     2.13's fused bf16 attention raised its own error ("pack_vnni2 is only supported when
     avx512 is supported") on every prefill longer than a few rows, so a request failed in
     its first step. The same attention in fp32 runs through another kernel there, so the

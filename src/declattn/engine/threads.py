@@ -3,9 +3,9 @@
 Every torch op that runs in parallel ends at a barrier, so it finishes only when its
 slowest thread does. When the machine has fewer idle cores than torch has threads, a
 thread waits for a time slice and small ops (a norm, a rotary, a residual add) take
-milliseconds instead of microseconds: on a 2-core machine with 7 runnable processes, a
-SmolLM2 prefill chunk ran 10 times slower with 2 threads than with 1. One thread per
-idle core avoids that; an idle machine still gets every core.
+milliseconds instead of microseconds: on a busy 2-core machine a prefill chunk can run
+many times slower with 2 threads than with 1. One thread per idle core avoids that; an
+idle machine still gets every core.
 
 Idle cores are measured, not guessed from the load average: ``/proc/stat``'s idle time
 over a short window says what the machine does now, while the one-minute load average

@@ -277,6 +277,65 @@ _TEAMS = ("rowing", "chess", "glass-blowing", "beekeeping", "choir", "orienteeri
 _WORDS = ("lantern", "otter", "saffron", "granite", "marigold", "pelican", "cobalt", "willow")
 
 
+@dataclass(frozen=True)
+class _Number:
+    """A slot filled with a random integer in ``[low, high]``, written as digits."""
+
+    low: int
+    high: int
+
+
+@dataclass(frozen=True)
+class _FactKind:
+    """One kind of invented fact: its slots, drawn in order (a tuple of choices or a
+    ``_Number``), and the fact, question and answer written from them."""
+
+    slots: tuple[tuple[str, tuple[str, ...] | _Number], ...]
+    fact: str
+    question: str
+    answer: str
+
+
+_FACT_KINDS = (
+    _FactKind(
+        (("place", _PLACES), ("holding", _HOLDINGS), ("code", _Number(1000, 9999))),
+        "The access code for the {place} {holding} is {code}.",
+        "What is the access code for the {place} {holding}?",
+        "{code}",
+    ),
+    _FactKind(
+        (("island", _ISLANDS), ("pet", _PETS), ("name", _NAMES)),
+        "The lighthouse keeper on {island} named her {pet} {name}.",
+        "What did the lighthouse keeper on {island} name her {pet}?",
+        "{name}",
+    ),
+    _FactKind(
+        (("person", _PEOPLE), ("dish", _DISHES), ("ingredient", _INGREDIENTS)),
+        "The secret ingredient in {person}'s {dish} is {ingredient}.",
+        "What is the secret ingredient in {person}'s {dish}?",
+        "{ingredient}",
+    ),
+    _FactKind(
+        (("ship", _SHIPS), ("cargo", _CARGO), ("count", _Number(120, 980))),
+        "The schooner {ship} sailed on its last voyage carrying {count} crates of {cargo}.",
+        "How many crates of {cargo} did the schooner {ship} carry on its last voyage?",
+        "{count}",
+    ),
+    _FactKind(
+        (("building", _BUILDINGS), ("obj", _OBJECTS)),
+        "The spare key to the {building} is hidden under the {obj}.",
+        "Under what is the spare key to the {building} hidden?",
+        "{obj}",
+    ),
+    _FactKind(
+        (("team", _TEAMS), ("word", _WORDS), ("code", _Number(10, 99))),
+        "The password for the {team} club's shared computer is {word}-{code}.",
+        "What is the password for the {team} club's shared computer?",
+        "{word}-{code}",
+    ),
+)
+
+
 def planted_fact(seed: int) -> tuple[str, str, str]:
     """An invented fact, a question it answers, and the short answer: ``(fact, question, answer)``.
 
@@ -284,46 +343,13 @@ def planted_fact(seed: int) -> tuple[str, str, str]:
     answer by reading the planted sentence; the answer appears verbatim in the fact.
     """
     r = random.Random(seed)
-    kind = r.randrange(6)
-    if kind == 0:
-        place, holding, code = r.choice(_PLACES), r.choice(_HOLDINGS), str(r.randint(1000, 9999))
-        return (
-            f"The access code for the {place} {holding} is {code}.",
-            f"What is the access code for the {place} {holding}?",
-            code,
-        )
-    if kind == 1:
-        island, pet, name = r.choice(_ISLANDS), r.choice(_PETS), r.choice(_NAMES)
-        return (
-            f"The lighthouse keeper on {island} named her {pet} {name}.",
-            f"What did the lighthouse keeper on {island} name her {pet}?",
-            name,
-        )
-    if kind == 2:
-        person, dish, ingredient = r.choice(_PEOPLE), r.choice(_DISHES), r.choice(_INGREDIENTS)
-        return (
-            f"The secret ingredient in {person}'s {dish} is {ingredient}.",
-            f"What is the secret ingredient in {person}'s {dish}?",
-            ingredient,
-        )
-    if kind == 3:
-        ship, cargo, count = r.choice(_SHIPS), r.choice(_CARGO), str(r.randint(120, 980))
-        return (
-            f"The schooner {ship} sailed on its last voyage carrying {count} crates of {cargo}.",
-            f"How many crates of {cargo} did the schooner {ship} carry on its last voyage?",
-            count,
-        )
-    if kind == 4:
-        building, obj = r.choice(_BUILDINGS), r.choice(_OBJECTS)
-        return (
-            f"The spare key to the {building} is hidden under the {obj}.",
-            f"Under what is the spare key to the {building} hidden?",
-            obj,
-        )
-    team, word, code = r.choice(_TEAMS), r.choice(_WORDS), str(r.randint(10, 99))
-    password = f"{word}-{code}"
+    kind = _FACT_KINDS[r.randrange(len(_FACT_KINDS))]
+    values = {
+        name: str(r.randint(pool.low, pool.high)) if isinstance(pool, _Number) else r.choice(pool)
+        for name, pool in kind.slots
+    }
     return (
-        f"The password for the {team} club's shared computer is {password}.",
-        f"What is the password for the {team} club's shared computer?",
-        password,
+        kind.fact.format(**values),
+        kind.question.format(**values),
+        kind.answer.format(**values),
     )

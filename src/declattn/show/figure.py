@@ -145,16 +145,7 @@ def draw_figure(rec: ShowRecord, dpi: int = 100) -> Any:
     _draw_modes(ax_mode, rec)
     lines = _draw_attended(ax_att, rec)
     ax_mode.add_artist(ax_mode.get_legend())
-    ax_mode.legend(
-        handles=lines,
-        loc="lower right",
-        bbox_to_anchor=(1.0, 1.0),
-        ncol=len(lines),
-        fontsize=8,
-        frameon=False,
-        borderaxespad=0.3,
-        handlelength=2.2,
-    )
+    _legend_above(ax_mode, lines, "right", handlelength=2.2)
     image = _draw_map(ax_map, rec)
     cax = fig.add_subplot(grid[2, 1])
     bar = fig.colorbar(image, cax=cax)
@@ -217,15 +208,21 @@ def _draw_modes(ax: Any, rec: ShowRecord) -> None:
         handles.append(
             Line2D([], [], linestyle="none", marker="v", color=_DECLINE_COLOR, label="declined")
         )
+    _legend_above(ax, handles, "left", handlelength=1.2)
+
+
+def _legend_above(ax: Any, handles: list[Any], side: str, handlelength: float) -> None:
+    """One row of legend entries above the panel, at its left or right edge: the two
+    legends of the top panel share its upper edge, one from each side."""
     ax.legend(
         handles=handles,
-        loc="lower left",
-        bbox_to_anchor=(0.0, 1.0),
+        loc=f"lower {side}",
+        bbox_to_anchor=(0.0 if side == "left" else 1.0, 1.0),
         ncol=len(handles),
         fontsize=8,
         frameon=False,
         borderaxespad=0.3,
-        handlelength=1.2,
+        handlelength=handlelength,
     )
 
 

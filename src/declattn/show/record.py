@@ -139,15 +139,20 @@ def save_record(record: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-def load_record(path: str | Path) -> dict[str, Any]:
-    """Read a run record, with a clear error for a file that is not one."""
-    path = Path(path)
+def _read_json(path: Path) -> Any:
+    """A record file's JSON, with a one-line error naming the file where it has none."""
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such record file")
     try:
-        record = json.loads(path.read_text())
+        return json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON ({e})") from e
+
+
+def load_record(path: str | Path) -> dict[str, Any]:
+    """Read a run record, with a clear error for a file that is not one."""
+    path = Path(path)
+    record = _read_json(path)
     missing = [k for k in ("layout", "output", "block_size") if k not in record]
     if missing:
         raise ValueError(f"{path}: {not_a_da_record(record, missing)}")
@@ -159,12 +164,7 @@ def load_plain_stats(path: str | Path) -> Stats:
     """The counts of a plain answer's record (``arm`` vanilla): the reply a DA reply is
     put against, per answer (``--plain``)."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such record file")
-    try:
-        record = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not JSON ({e})") from e
+    record = _read_json(path)
     arm = record.get("arm") if isinstance(record, dict) else None
     if arm != "vanilla":
         raise ValueError(f"{path}: not a plain answer's record (arm {arm!r}, not 'vanilla'): "

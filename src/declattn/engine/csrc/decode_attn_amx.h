@@ -3,9 +3,8 @@
 // (whose exp16 and transpose it uses).
 //
 // Why: on the AVX-512 path a tile of 32 rows of one KV head with 7 query heads costs ~900
-// fp32 FMAs to score and ~900 more to weight the values, and on the Sapphire Rapids-class
-// Xeon guest that arithmetic, not the bytes, bounded a 16K-row layer (10 GB/s with the
-// layer in cache, on one thread). An AMX tile multiply does a 16 x 16 x 32 bf16
+// fp32 FMAs to score and ~900 more to weight the values, and on Sapphire Rapids-class
+// Xeons that arithmetic, not the bytes, bounds a long layer with the rows in cache. An AMX tile multiply does a 16 x 16 x 32 bf16
 // product in one instruction, so both products become eight of them per 32 rows and what
 // is left is moving data into the shapes they take:
 // - scores: S^T [16 rows x 16 heads] = K [16 rows x 32 dims] . Q^T, per 32 dims. K is
@@ -16,9 +15,8 @@
 //   interleaved, two shuffles per 64 bytes).
 // The rows go in chunks of up to kChunk: every score of a chunk, then its softmax, then
 // every product with its values, accumulated in tiles across the chunk (one softmax
-// rescale and one store of the products per chunk, not per 32 rows). A first version
-// that went tile by tile measured the same with the layer in cache and 7-13% slower on a
-// focus view (scratch builds, one run each).
+// rescale and one store of the products per chunk, not per 32 rows); tile by tile, a
+// focus view's short runs paid that rescale and store far more often.
 //
 // Exactness: the scores are exact bf16 x bf16 products summed in fp32 (as on the other
 // paths); the weights are rounded to bf16 before they meet the values (the other paths
@@ -66,8 +64,8 @@ constexpr int kChunk = 512;  // rows scored, softmaxed and accumulated together
 inline int v_tile_dim(int c, int h, int n) { return 32 * c + 8 * (n / 4) + 4 * h + n % 4; }
 
 // A thread's buffers for its work items (a chunk's scores by row and by head, its weights
-// in bf16, V tiles): ~110 KB, so on the heap, once per thread (a fresh allocation per
-// work item: a DA step's attention at 16K on two threads 2.1 ms against 1.9, one A/B).
+// in bf16, V tiles): ~110 KB, so on the heap, once per thread (not a fresh allocation per
+// work item, which a DA step's many work items would each pay).
 struct AmxScratch {
   alignas(64) uint32_t qt[8][16][16];         // Q^T per 32 dims: [pair of dims][head]
   alignas(64) float st[kChunk][16];           // S^T

@@ -10,9 +10,8 @@
 // - ``vdpbf16ps``: one instruction per pair of dims and head against the query's pair,
 //   half the multiplies of fp32 FMAs. The fast way on Zen 5 (measured; Zen 4 not).
 // - fp32 FMAs: each pair split into its two dims as fp32 by a shift and a mask (exact),
-//   then two FMAs. On the Sapphire Rapids-class Xeon a 512-bit ``vdpbf16ps`` issues once
-//   in the time of ~4 FMAs (scripts/avx512_issue_rates.cpp), so two FMAs are the cheaper
-//   way there: a 16K-row layer took 20-25% less time (docs/benchmarks.md).
+//   then two FMAs. On Sapphire Rapids-class Xeons a 512-bit ``vdpbf16ps`` issues once
+//   in the time of ~4 FMAs, so two FMAs are the cheaper way there.
 // ``dot_scores()`` picks by vendor. The values are fp32 FMAs either way (the softmax
 // weights are not rounded to bf16), straight from the bf16 rows split the same way.
 //
@@ -55,7 +54,7 @@ inline __m512 odd_dims(__m512i pairs) {
 // (vector i * C + c is row i's dims [32 c, 32 c + 32)) and transposed as 32-bit pairs of
 // dims: lane i * C + c of kt[j] holds pair 16 c + j of row i. Reading whole rows in order
 // keeps the hardware prefetcher on one stream (reading every row's first half, then
-// every row's second half, measured 2x slower from memory).
+// every row's second half, splits it into two streams and reads slower from memory).
 template <int C>
 inline void transpose_rows(const at::BFloat16* const* rows, __m512i* kt) {
   __m512i r[16], t[16];
@@ -150,7 +149,7 @@ inline void score_rows_dot(const __m512i* kt, const __m512i* qv, float scale, fl
 
 // The same scores by fp32 FMAs against the query dims ``qs``: each pair split once for
 // every head, half of them at a time (16 vectors), two chains per head (the even dims'
-// and the odd dims': one chain of 32 dependent FMAs measured 10% slower).
+// and the odd dims': one chain of 32 dependent FMAs waits on each FMA's latency).
 template <int C, int GB>
 inline void score_rows_fma(const __m512i* kt, const float* qs, float scale, float* s) {
   __m512 even[GB], odd[GB];
@@ -234,9 +233,9 @@ inline void softmax16(float* s, int group, int n, int dim, float* acc, float* m,
 }
 
 // Rows read ahead of the one being walked, within its run. Once scoring is this cheap a
-// tile's keys and values stall on memory: software prefetch of the rows half a tile
-// ahead took a 16K-row layer from 940 to 545 us (8 to 32 rows ahead measured alike; on
-// the portable path, bound by its arithmetic, it changed nothing).
+// tile's keys and values stall on memory, and software prefetch of the rows half a tile
+// ahead hides that (8 to 32 rows ahead do alike; on the portable path, bound by its
+// arithmetic, it changes nothing).
 constexpr int kAhead = 16;
 
 // attend_rows for bf16 q (``qb``, unscaled, as bf16 pairs) over bf16 pools, dim 32 C,
@@ -282,9 +281,8 @@ void attend_rows_bf16(const uint32_t* qb, float scale, int group, const at::BFlo
 }
 
 // Whether this CPU scores by ``vdpbf16ps`` rather than by fp32 FMAs: on AMD, where the
-// dot path was measured (515 us per 16K-row layer on a Zen 5 core; the FMA path has not
-// run on one); not on Intel, where a 512-bit ``vdpbf16ps`` issues once in the time of
-// ~4 FMAs (measured on a Sapphire Rapids-class Xeon).
+// dot path is the measured fast one (Zen 5); not on Intel, where a 512-bit
+// ``vdpbf16ps`` issues once in the time of ~4 FMAs (Sapphire Rapids-class Xeons).
 inline bool dot_scores() {
   static const bool amd = __builtin_cpu_is("amd");
   return amd;

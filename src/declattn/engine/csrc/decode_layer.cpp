@@ -8,10 +8,9 @@
 //
 // Why: made from Python, that work was ~20 op calls per layer, ~500 a step of a 24-layer
 // model, and a Python op call costs a few microseconds of its own whatever the tensor
-// (argument parsing, a tensor object made for each result), so the calls cost more than
-// their arithmetic: a qwen2.5-0.5b decode step spent 2.5-5 ms in them on 1 or 2 threads
-// of a Xeon KVM guest, 10-15% of the step. Called from here, an op costs the dispatcher's
-// fraction of a microsecond.
+// (argument parsing, a tensor object made for each result), so for a small model's
+// decode step the calls cost more than their arithmetic. Called from here, an op costs
+// the dispatcher's fraction of a microsecond.
 //
 // Same numbers as the Python it replaces: every step is the very op that code called (the
 // GGUF matmul, rms_norm and rotary through the dispatcher; ATen's silu and gelu), in the
@@ -85,10 +84,8 @@ struct NormForm {
 //
 // Why: between two weight matmuls the caches below the last level hold weights, so an
 // ATen op called there (dispatch, TensorIterator, a fresh tensor) runs cold. These loops
-// work on a tensor the layer has just made, with no dispatch and no allocation: a
-// qwen2.5-0.5b DA step at 32K on two threads of the Xeon guest took 0.5 ms less with them
-// (23.64 against 24.15 ms, four alternated pairs of fresh processes, 2026-12-04; see
-// docs/benchmarks.md). Each element is computed as ATen computes it for these dtypes
+// work on a tensor the layer has just made, still in cache, with no dispatch and no
+// allocation. Each element is computed as ATen computes it for these dtypes
 // (widened to fp32, one fp32 operation, rounded to nearest even once), so the results
 // are ATen's bit for bit (tests/engine/test_quant_decode_layers.py).
 
@@ -139,9 +136,8 @@ at::Tensor matmul(const at::Tensor& x, at::TensorList ws, at::IntArrayRef types,
 // within one chunk of its parallel loop (a chunk would have its own remainder). Returns
 // false (nothing written) otherwise, and ATen's op runs.
 //
-// Why: ATen's silu was the costliest of a layer's small ops in a decode step (8.4 us of
-// the ~30 us of work between a layer's matmuls, a cold TensorIterator op making a tensor;
-// docs/benchmarks.md). Same numbers: per element ATen's vector silu for bf16 (widened to
+// Why: ATen's silu was the costliest of a layer's small ops in a decode step (a cold
+// TensorIterator op making a tensor between two matmuls). Same numbers: per element ATen's vector silu for bf16 (widened to
 // fp32, ``x / (1 + exp(-x))`` with Sleef's expf u10 as ``Vectorized<float>::exp`` calls
 // it, rounded to bf16), then the multiply as ``in_place`` does it; the layer test holds
 // the result to the modules' bit for bit.
@@ -203,8 +199,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> before_attention(
               "before_attention: q/k/v give ", y.size(1), " columns, not (", heads, " + 2 x ",
               kv_heads, ") x ", dim);
   // q, k and v side by side in each row of y, taken as [T, heads, D] views in one op each
-  // (a split and its views made several op calls for each: with the gate/up's chunk in
-  // after_attention, 0.1-0.2 ms of a qwen2.5-0.5b decode step, docs/benchmarks.md).
+  // (a split and its views made several op calls for each, as did the gate/up's chunk in
+  // after_attention).
   auto heads_of = [&](int64_t n, int64_t first) {
     return y.as_strided({t, n, dim}, {y.stride(0), dim, 1}, y.storage_offset() + first * dim);
   };
@@ -246,9 +242,8 @@ at::Tensor after_attention(
 //
 // Why: per layer, the Python around these ops (the attention function's checks, the cache
 // write, the run batch, the read record, four op calls parsing their lists of blocks) ran
-// on one thread while the others waited. A qwen2.5-0.5b DA focus step at 16K took 21.68 ms
-// that way and 20.43 in one call on two threads of the Xeon guest, 36.98 and 35.37 on one
-// (scripts/decode_stack_ab.py, 2026-12-04). Here a layer costs C++ calls only. The
+// on one thread while the others waited, every layer of every step. Here a layer costs
+// C++ calls only. The
 // ops are the very ones the Python path calls, in the same order, so the result and what
 // the pools hold are the same bit for bit (tests/engine/test_quant_decode_layers.py).
 

@@ -111,8 +111,8 @@ inline int32_t hsum_i32(__m256i v) {
 // The same numbers as ``quantize_row_plain``, bit for bit (the same fp32 maximum,
 // division, product and round-half-even; tests/engine/test_quant_kernel.py checks both
 // against torch). Why a vector path: the plain loop's running maximum and per-value sums
-// are chains of dependent instructions, ~20 us for a 4,864-wide row on the Xeon guest,
-// paid once per matmul call on one thread (a decode step makes ~100 such calls).
+// are chains of dependent instructions, paid once per matmul call on one thread while
+// the others wait (a decode step makes ~100 such calls).
 template <typename T>
 void quantize_row_avx2(const T* x, int64_t k, int8_t* q, float* d, float* sum, int32_t* isum,
                        int32_t* bsum) {

@@ -22,11 +22,9 @@ namespace gguf {
 // group of rows ahead (``rows32``).
 
 #if defined(__AVX2__)
-// 4 KB: with 1 KB, the K formats' rows (read one at a time) ran 6.4 GB/s on one thread of
-// the Xeon guest and 10.3 on two, against 6.6 and 11.6 with 4 KB (8 KB: 6.6 and 11.1),
-// qwen2.5-0.5b's Q4_K and Q6_K matrices in model order, alternated in one process: once
-// the Q4_K scales stopped stalling (``q4_k_scales``) a super-block took about 10 ns, and
-// 1 KB ahead was then less than the memory's latency.
+// 4 KB: once the Q4_K scales stopped stalling (``q4_k_scales``) a super-block is quick
+// enough that 1 KB ahead is less than the memory's latency; 4 KB covers it, and 8 KB
+// gains nothing more.
 constexpr int64_t kAhead = 4096;
 
 inline void prefetch(const uint8_t* p, int64_t bytes) {
@@ -76,11 +74,10 @@ inline __m256i bits_to_bytes(const uint8_t* qh) {  // bit i of 32 -> byte i is 0
 // The 32-value formats, ``rows`` rows at a time: each activation block is loaded once for
 // the rows, each row's block dot stays integer (eight i32 lanes), and the rows are reduced
 // together (``hsum8``: lane r = row r) so that the scales, the code offset and the
-// conversion to float are one vector operation per group rather than one per row. Against
-// four rows with per-row float work, on qwen2.5-0.5b's blocks alternated in one process
-// (2-core Zen 3): one decode row 1.08x faster on one thread, the same on two (memory
-// bounds it there: scripts/weight_read_ceiling.py); eight rows 1.16x / 1.08x. Q8_0, whose
-// codes need no unpacking, reads four rows (eight were slower from memory).
+// conversion to float are one vector operation per group rather than one per row (a gain
+// where arithmetic bounds the time; where memory bounds it, as on two threads, the two
+// run alike). Q8_0, whose codes need no unpacking, reads four rows (eight were slower
+// from memory).
 struct BQ8_0 {
   static constexpr int64_t bytes = 34;
   static constexpr int rows = 4;
@@ -132,13 +129,13 @@ inline __m256 fp16_lanes(const uint8_t* p, int64_t stride) {
 }
 
 // The group of rows ``kAheadGroups`` after this one is prefetched as this one is read
-// (rows side by side are as many streams, which the hardware prefetcher alone left at
-// 3.8 of 15 GB/s on this 2-core Zen 3).
+// (rows side by side are as many streams, which the hardware prefetcher alone leaves far
+// below the memory's bandwidth).
 constexpr int64_t kAheadGroups = 4;
 
 // The layouts regrouped by eight rows (gguf_q5_0_rows8.h, gguf_q8_0_rows8.h) prefetch this
 // far ahead along a group's bytes (the rows of a thread's tiles are one run of memory
-// there): for Q5_0 5-11 KB measured alike, 0.7 KB and 28 KB slower; for Q8_0 2-16 KB alike.
+// there): for Q5_0 5-11 KB read alike, 0.7 KB and 28 KB slower; for Q8_0 2-16 KB alike.
 constexpr int64_t kGroupAhead = 8192;
 
 template <class B, int R>
@@ -201,8 +198,7 @@ void dot_groups(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& 
 // (of the second), unpacked in general registers and moved to vectors whole. Why not an
 // array of four words loaded as one vector: that is four narrow stores and one wide load,
 // which the CPU cannot forward, so each super-block waited for its stores to reach the
-// cache; on the AVX-512 Xeon guest (scratch harness, one row hot in L2) that stall was half
-// of dot_q4_k's time (18.7 -> 9.8 ns per super-block, results bit for bit the same).
+// cache, a stall as long as the rest of dot_q4_k's work (results bit for bit the same).
 inline void q4_k_scales(const uint8_t* s, __m256i* sc, __m256i* mn) {
   uint32_t u0, u1, u2;
   std::memcpy(&u0, s, 4);

@@ -5,17 +5,14 @@
 // Why: the AVX2 kernels read a K-format row alone and spend most of their work summing
 // each group's products across lanes (``hadd`` trees) and unpacking its scales before
 // they can scale them. qwen2.5-0.5b's down matrices are these formats (twelve Q4_K, twelve
-// Q6_K; 72 MB a step), and on the 2-core AVX-512 Xeon guest the AVX2 kernels ran them at
-// 18-21 GB/s on one thread with the matrix in cache. Regrouped: Q4_K 31 GB/s, Q6_K 24
-// (69 and 56 on two threads). In a 32K DA focus step on two threads the downs took
-// 2.36-2.51 ms against 2.80-2.86, the step 17.30-17.73 ms against 17.76-18.09 (three
-// alternated pairs of fresh processes, 2026-12-05; docs/benchmarks.md).
+// Q6_K), and on an AVX-512 core the AVX2 kernels are bound by that arithmetic with the
+// matrix in cache; regrouped, sixteen rows share each lane-wise step and no sum crosses
+// lanes.
 //
 // The prefetch goes with the loads, a line ahead for each line read. Prefetching a whole
 // super-block's lines at its start (``prefetch_block`` of 2-3 KB, as the 32-value layouts
-// do per 320-512 bytes) made the same kernels slower in the step than the AVX2 ones
-// (downs 2.98-3.09 ms): a burst of 36-53 prefetches at once, where the stream wants them
-// spread.
+// do per 320-512 bytes) made the same kernels slower in the step than the AVX2 ones: a
+// burst of 36-53 prefetches at once, where the stream wants them spread.
 //
 // The float work per row is the file layout's kernel's, in its order (dot_q4_k's and
 // dot_q6_k's eight accumulator lanes, fed and summed as they are there), so the results

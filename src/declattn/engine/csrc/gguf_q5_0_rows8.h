@@ -1,15 +1,13 @@
 // Q5_0 with its rows regrouped by eight at load (``gguf_repack``): the same bytes as the
 // GGUF file holds, laid out so that a decode row costs about half the instructions.
 //
-// Why: on one AVX2 core the GGUF layout's Q5_0 (70% of qwen2.5-0.5b's layer bytes) was
-// compute-bound, at 8-9 GB/s with the matrix in cache and 6-7 from memory. Per row and
+// Why: on one AVX2 core the GGUF layout's Q5_0 (most of qwen2.5-0.5b's layer bytes) is
+// compute-bound, even from memory. Per row and
 // block of 32 it spent ~18 instructions: the 32 high bits spread by a shuffle, an OR
 // pattern and a compare; two nibble halves put together; an fp16 scale inserted lane by
 // lane from eight rows 22 bytes apart; a widening ``madd`` per row. Regrouped, a pair of
 // rows is one 32-byte load of nibbles and one 8-byte word of high bits that two variable
 // shifts spread; the eight scales are one 16-byte load; ~9.5 instructions per row-block.
-// A standalone A/B (one thread, 24 matrices 4864 x 896 from memory, 2-core Zen 3):
-// 0.70-0.75x the time of the GGUF layout.
 //
 // A group of eight rows is ``8 * row_bytes`` contiguous bytes (where the eight rows were),
 // per block of 32 columns 176 bytes:

@@ -2,19 +2,16 @@
 // GGUF file holds, laid out so that a decode row costs about half the instructions and
 // every code load is aligned.
 //
-// Why: qwen2.5-0.5b's output head (Q8_0, 151936 x 896, 37% of a decode step's weight
-// bytes) ran at ~18 GB/s hot in cache on one core of a 2-core Zen 3: arithmetic, not
-// bytes, bounded it there. In the file's layout (34-byte blocks) the kernel reads four
+// Why: an output head in Q8_0 (qwen2.5-0.5b's, 151936 x 896, over a third of a decode
+// step's weight bytes) is bounded by arithmetic, not bytes, on an AVX2 core with the
+// matrix in cache. In the file's layout (34-byte blocks) the kernel reads four
 // rows side by side with unaligned loads, takes each row's codes' sign twice (``|w|``, and
 // ``x`` signed by ``w``), puts four fp16 scales in lane by lane and reduces the rows with
 // half its inputs zeros: ~13 instructions per row and block of 32. Regrouped, ``|x|`` is
 // taken once for eight rows (each row then ``maddubs(|x|, w signed by x)``), the eight
-// scales are one 16-byte load and one multiply-add serves the eight rows: ~7.
-// Measured, file layout against regrouped alternated in one process: a 2048-row slice of
-// the head hot in cache 1.4-1.5x faster on one thread (best of 20; medians 1.25-1.45x);
-// all of the head from memory the same within +-5% on one or two threads (both near what
-// the cores can read); one decode row through all of the model's matrices 0.5-3% faster
-// (medians; scripts/gguf_layout_ab.py, its "Q8_0 in file layout" arm).
+// scales are one 16-byte load and one multiply-add serves the eight rows: ~7. From
+// memory both layouts run near what the cores can read; the gain is where the matrix is
+// in cache.
 //
 // A group of eight rows is ``8 * row_bytes`` contiguous bytes (where the eight rows were):
 //   d[nb][8]       fp16 scales, per block the eight rows' in order (16 bytes a block);
@@ -77,8 +74,8 @@ inline void ungroup_q8_0(const uint8_t* src, int64_t row_bytes, int64_t nb, uint
 #if defined(__AVX2__)
 // Eight rows' block sums (eight i32 lanes each) -> lane r = row r's sum: interleaved and
 // added in pairs of rows (unpack, four lanes a row), in fours (two lanes a row in each
-// 128-bit half), then the halves added across. Single-uop shuffles: on Zen 3 ``hadd``'s
-// tree (as in ``hsum8``) was ~15% slower for the whole group with the matrix in L2.
+// 128-bit half), then the halves added across. Single-uop shuffles: ``hadd``'s tree (as
+// in ``hsum8``) is microcoded on Zen and was slower for the whole group.
 inline __m256i sum8_rows(const __m256i* p) {
   __m256i t[4];
   for (int i = 0; i < 4; ++i)

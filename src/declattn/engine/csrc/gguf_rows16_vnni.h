@@ -2,12 +2,11 @@
 // with AVX-512 VNNI: one 32-bit lane of a 512-bit register is one weight row, so a
 // block's integer dot for sixteen rows is ``vpdpbusd`` alone, with no sum across lanes.
 //
-// Why: on the 2-core AVX-512 Xeon guest the AVX2 kernels of the layouts regrouped by eight
-// (gguf_q8_0_rows8.h, gguf_q5_0_rows8.h) were compute-bound: one decode row through all of
-// qwen2.5-0.5b's matrices took 43.9 ms on one thread where loading the same bytes in the
-// same order took 27.9 (scripts/weight_read_ceiling.py, 2026-12-04), and those two formats
-// are 81% of its bytes. Per row and block of 32 the AVX2 kernels spend ~6.4 (Q8_0) and
-// ~9.5 (Q5_0) instructions; here ~1.3 and ~2.8.
+// Why: on an AVX-512 core the AVX2 kernels of the layouts regrouped by eight
+// (gguf_q8_0_rows8.h, gguf_q5_0_rows8.h) are compute-bound: a decode row through the
+// matrices takes longer than loading the same bytes in the same order, and these two
+// formats hold most of a model like qwen2.5-0.5b's bytes. Per row and block of 32 the
+// AVX2 kernels spend ~6.4 (Q8_0) and ~9.5 (Q5_0) instructions; here ~1.3 and ~2.8.
 //
 // A group of sixteen rows is ``16 * row_bytes`` contiguous bytes (where the rows were):
 //   d[nb][16]   fp16 scales, per block the sixteen rows' in order (32 bytes a block);
@@ -145,10 +144,9 @@ inline void ungroup_q5_0_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, 
 }
 
 #if defined(GGUF_ROWS16)
-// A group's blocks are one run of memory, prefetched this far ahead along it. 2-4 KB
-// measured alike and best (qwen2.5-0.5b's gate/up and output head, model order, caches
-// flushed, Xeon guest, one and two threads): 8 KB (the eight-row layouts' distance) was
-// 5-10% slower, 16-32 KB and no software prefetch slower still.
+// A group's blocks are one run of memory, prefetched this far ahead along it: 2-4 KB
+// ahead read fastest (gate/up and output head, caches flushed, one and two threads);
+// 8 KB (the eight-row layouts' distance) was slower, 16-32 KB and none slower still.
 constexpr int64_t kRows16Ahead = 3072;
 
 template <int64_t Bytes>

@@ -1,8 +1,8 @@
 // A step's new keys and values into a layer's pools, in one native call.
 //
 // Why: the torch way (slice or index the pool, transpose the rows, copy; for K and for V)
-// is several op calls per layer, ~50 us on a Xeon KVM guest for the 512 bytes a decode row
-// stores there. Here it is one call and a few memcpy. The bytes stored are the same (same
+// is several op calls per layer, each costing far more than the few hundred bytes a decode
+// row stores there. Here it is one call and a few memcpy. The bytes stored are the same (same
 // dtype: no rounding), so every read of the pool is unchanged. The rows are any pool rows
 // (one per new token): a batch of sequences stores each one's token in its own block.
 

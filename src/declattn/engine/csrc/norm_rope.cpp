@@ -2,9 +2,8 @@
 // replace (models/layers.py): fp32 inside, rounded to the activation dtype where it is.
 //
 // Why: a decode step of a 24-layer model makes 49 norm calls and 48 rotary calls, each
-// 6-8 small torch ops (casts, pow, mean, rsqrt, slices, cat) of ~5-8 us each on a 2-core
-// Zen 3 whatever the size: 35-65 us per norm and 36-60 per rotary call, 3-5 ms of a 75 ms
-// step; here 10-18 and 5-6 us (python scripts/norm_rope_profile.py).
+// 6-8 small torch ops (casts, pow, mean, rsqrt, slices, cat) whose fixed cost per op,
+// whatever the size, outweighs their arithmetic on one decode row; here each is one call.
 //
 // Same numbers as torch: every product and sum is rounded as torch rounds it (no fused
 // multiply-adds, so this file turns contraction off), except the mean of squares, summed

@@ -5,13 +5,9 @@ Why: a decode step reads every weight matrix once, one after another, and its ti
 those bytes over the bandwidth; where the blocks sit changes that bandwidth. Loaded as
 they are, the K-format matrices (Q4_K, Q6_K: kept in the file's layout) were views of
 the packed cache file's mapping (page-cache pages), and read slower than the same bytes
-copied out: qwen2.5-0.5b's 72 MB of them took 10.7 ms as views against 7.7 in the arena
-on one thread of the 2-core AVX-512 Xeon guest, 6.4 against 5.0 ms on two; on two
-threads the arena's 2 MB pages also beat torch's own heap (4 KB pages) by 3-5% over all
-392 MB (25.3 against 26.2 ms, 26.1 against 27.2 in a second run; no difference on one
-thread). ``scripts/weight_placement.py`` reads the same bytes from each placement in
-one process. Fewer, larger pages mean fewer TLB misses, each a nested page walk in a
-virtual machine.
+copied out into anonymous memory, and 2 MB pages read faster than torch's own heap
+(4 KB pages) once two threads share the memory bus. Fewer, larger pages mean fewer TLB
+misses, each a nested page walk in a virtual machine.
 
 The arena is one private anonymous ``mmap`` with ``MADV_HUGEPAGE`` from its first 2 MB
 boundary on (Linux with transparent huge pages set to ``always`` or ``madvise``;

@@ -1,8 +1,8 @@
 """A GGUF model's decode step as one native call for all its layers, on CPU: the ``stack``
 decode route (``engine/route.py`` chooses it at load).
 
-Why: a decode step of qwen2.5-0.5b is ~25 ms of kernels on two threads, and the module
-tree around them cost ~5 ms more: per layer about 180 Python calls (module ``__call__``,
+Why: around a small model's kernels the module tree costs a large share of a decode step
+on CPU: per layer about 180 Python calls (module ``__call__``,
 attribute lookups through ``nn.Module.__getattr__``, the fused ops' applicability checks,
 the merged layers' lists of blocks built afresh), and even made flat, ~20 op calls of a
 few microseconds each. Here everything a layer needs is looked up once, at load, into a
@@ -16,8 +16,8 @@ have layer by layer.
 A decode step whose reads cannot be planned up front (a query-aware controller picks each
 layer's blocks from its query) runs layer by layer instead: ``before_attention`` and
 ``after_attention``, the same code in two native calls per layer, around the
-``AttentionFn``. That is still measurably faster than the modules (docs/engine.md), and is
-counted with its reason. A step neither way can compute as the modules do (32 rows or
+``AttentionFn``, which keeps most of the saving (no module tree), and is counted with its
+reason. A step neither way can compute as the modules do (32 rows or
 more, another dtype, a gradient wanted) runs the modules, counted too.
 
 The arithmetic is the modules' own, op for op in the same dtypes, so the result equals the

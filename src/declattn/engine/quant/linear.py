@@ -23,9 +23,9 @@ from torch import Tensor, nn
 
 GEMM_ROWS = 32
 """From this many rows on, a GGUF layer multiplies through its dequantised weight (an fp32
-GEMM, or bf16 where ``bf16_gemm``): on 2-core AVX2 a 512-row chunk ran 2.8x faster as an
-fp32 GEMM than through the integer kernel, which wins where the bytes, not the
-arithmetic, bound the time (decode)."""
+GEMM, or bf16 where ``bf16_gemm``): many rows are bound by arithmetic, where a float GEMM
+beats the integer kernel; the integer kernel wins where the bytes, not the arithmetic,
+bound the time (decode)."""
 INT4_GROUPS = (32, 64, 128, 256)
 _INT4_ROW_MULTIPLE = 16
 _INT8_COL_MULTIPLE = 8
@@ -35,17 +35,17 @@ _INT8_COL_MULTIPLE = 8
 def bf16_gemm() -> bool:
     """Whether a prefill chunk's GEMM runs in bf16 (weights dequantised, then rounded to
     bf16, as a dense bf16 model holds them): only where the CPU computes bf16 natively
-    (oneDNN's AVX-512 BF16 kernels). On the 2-core Zen 5 guest a 512 x 896 x 4864 GEMM
-    ran at 105-178 GFLOP/s in fp32 (MKL) and 770-825 in bf16; on an AVX2-only CPU bf16
-    is emulated and several times slower, so there the GEMM stays fp32."""
+    (oneDNN's AVX-512 BF16 kernels), where a bf16 GEMM does several times the fp32 one's
+    work per cycle; on an AVX2-only CPU bf16 is emulated and several times slower, so
+    there the GEMM stays fp32."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def aligned(t: Tensor) -> Tensor:
     """``t`` contiguous at a 64-byte boundary, copied only if it is not. Tensors loaded
     from the packed cache are views into its safetensors file at any offset, and
-    torch's ``_weight_int8pack_mm`` crashed (segmentation fault) on codes and scales
-    56 bytes past a boundary on the Zen 5 guest (AVX-512) of 2026-12-02."""
+    torch's ``_weight_int8pack_mm`` can crash (segmentation fault) on codes and scales
+    that are not (seen on AVX-512, 56 bytes past a boundary)."""
     if t.is_contiguous() and t.data_ptr() % 64 == 0:
         return t
     return t.clone(memory_format=torch.contiguous_format)  # a fresh, aligned allocation
@@ -89,8 +89,8 @@ class GGUFLinear(QuantLinear):
     as llama.cpp does; many rows (a prefill chunk) through the dequantised weight and a
     float GEMM (bf16 for bf16 activations where the CPU computes bf16, else fp32), which
     is faster there (compute-bound, not byte-bound). The ops are
-    looked up once, here: a decode step makes ~170 of these calls, and Python's own
-    cost per call (~30 us when looked up per call) was a tenth of a SmolLM2 step.
+    looked up once, here: a decode step makes ~170 of these calls, and looking them up
+    per call would add Python's cost to every one of them.
 
     ``blocks`` is held in the layout the kernel reads fastest (``gguf_repack``: Q5_0 and
     Q8_0 rows regrouped by sixteen with AVX-512 VNNI, by eight on AVX2, the same bytes;

@@ -106,7 +106,7 @@ def load_packed(
     """The packed layers of ``gguf_path`` by ``Decoder`` module name, from the cache file
     in ``directory`` (built first when absent). Layers have no bias yet (see ``install``).
     GGUF layers' blocks are copied into one ``WeightArena``, never left as views of the
-    file (a decode step read them up to 1.4x slower there: arena.py)."""
+    file (a decode step reads them slower there: arena.py)."""
     from safetensors import safe_open
 
     if policy.native and gguf_ops() is None:  # no compiler, or chosen off: torch's kernels

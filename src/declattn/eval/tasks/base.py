@@ -19,7 +19,7 @@ from functools import cached_property
 from typing import Any
 
 from declattn.eval.corpus import essays, ruler_data_file
-from declattn.eval.sample import plain_question
+from declattn.eval.sample import Sample, plain_question
 from declattn.protocol.segment import token_counter
 
 FIT_TOLERANCE = 0.02
@@ -102,6 +102,39 @@ class TaskData:
     def hotpot(self) -> list[dict[str, Any]]:
         """HotpotQA entries as shipped: question, answer, supporting facts, 10 paragraphs."""
         return json.loads(ruler_data_file("hotpotqa.json").read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One sample asked of a generator: its task, family, length and seed.
+
+    A sample must regenerate from these four alone, so every generator seeds its
+    randomness here and builds its ``Sample`` here, with the four copied in one place.
+    """
+
+    task: str
+    family: str
+    length: int
+    seed: int
+
+    def rng(self, stream: str = "") -> random.Random:
+        """The sample's seeded randomness; ``stream`` names another, independent one."""
+        return random.Random(f"{self.task}/{self.seed}{stream}")
+
+    def sample(
+        self,
+        context: str,
+        question: str,
+        answers: Sequence[str],
+        evidence: Sequence[tuple[int, int]],
+        **rest: Any,
+    ) -> Sample:
+        """The ``Sample`` of this draw; ``rest`` are its optional fields (scoring, meta...)."""
+        return Sample(
+            task=self.task, family=self.family, length=self.length, seed=self.seed,
+            context=context, question=question, answers=tuple(answers),
+            evidence=tuple(evidence), **rest,
+        )
 
 
 @dataclass(frozen=True)

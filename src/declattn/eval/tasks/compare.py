@@ -9,11 +9,10 @@ the loser's name is ``forbidden`` in the answer, so naming both does not score.
 
 from __future__ import annotations
 
-import random
 from dataclasses import dataclass
 
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import TaskData, context_target, haystack
+from declattn.eval.tasks.base import Draw, TaskData, context_target, haystack
 
 FAMILY = "twohop"
 
@@ -65,8 +64,8 @@ _KINDS = (
 
 
 def compare_two_facts(data: TaskData, length: int, seed: int) -> Sample:
-    task = "twohop"
-    rng = random.Random(f"{task}/{seed}")
+    draw = Draw("twohop", FAMILY, length, seed)
+    rng = draw.rng()
     kind = rng.choice(_KINDS)
     a, b = rng.sample(kind.names, 2)
     na, nb = rng.sample(range(kind.low, kind.high + 1), 2)
@@ -77,15 +76,11 @@ def compare_two_facts(data: TaskData, length: int, seed: int) -> Sample:
     question, answer_format = kind.question.format(a=a, b=b), "Answer with the name only."
     target = context_target(data.count, length, question, answer_format)
     built = haystack(data, rng, target, facts, at, "essay")
-    return Sample(
-        task=task,
-        family=FAMILY,
-        length=length,
-        seed=seed,
-        context=built.context,
-        question=question,
-        answers=(winner,),
-        evidence=built.spans,
+    return draw.sample(
+        built.context,
+        question,
+        [winner],
+        built.spans,
         scoring="choice",
         forbidden=(loser,),
         meta={"facts": facts, "values": {a: na, b: nb}},

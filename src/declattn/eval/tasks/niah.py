@@ -10,9 +10,17 @@ from __future__ import annotations
 
 import random
 import uuid
+from collections.abc import Callable
 
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import TaskData, context_target, depths, haystack, pick_words
+from declattn.eval.tasks.base import (
+    Draw,
+    TaskData,
+    context_target,
+    depths,
+    haystack,
+    pick_words,
+)
 
 FAMILY = "niah"
 DISTRACTORS = 3
@@ -36,29 +44,27 @@ def _needle(key: str, value: str, kind: str) -> str:
     return f"The special magic {noun} for {key} is: {value}."
 
 
+def _distinct(n: int, draw: Callable[[], str]) -> list[str]:
+    """``n`` distinct draws, in the order drawn (a repeat is drawn again)."""
+    out: list[str] = []
+    while len(out) < n:
+        x = draw()
+        if x not in out:
+            out.append(x)
+    return out
+
+
 def _unique_keys(rng: random.Random, data: TaskData, n: int) -> list[str]:
-    keys: list[str] = []
-    while len(keys) < n:
-        k = _key(rng, data)
-        if k not in keys:
-            keys.append(k)
-    return keys
+    return _distinct(n, lambda: _key(rng, data))
 
 
 def _unique_values(rng: random.Random, kind: str, n: int) -> list[str]:
-    values: list[str] = []
-    while len(values) < n:
-        v = _value(rng, kind)
-        if v not in values:
-            values.append(v)
-    return values
+    return _distinct(n, lambda: _value(rng, kind))
 
 
 def _sample(
-    task: str,
+    draw: Draw,
     data: TaskData,
-    length: int,
-    seed: int,
     *,
     filler: str,
     kind: str,
@@ -69,21 +75,17 @@ def _sample(
     answer_format: str = "",
 ) -> Sample:
     """Needles ``keys[i] -> values[i]``; the answer is the values of needles ``asked``."""
-    rng = random.Random(f"{task}/{seed}/layout")
+    rng = draw.rng("/layout")
     needles = [_needle(k, v, kind) for k, v in zip(keys, values, strict=True)]
     at = depths(rng, len(needles))
     rng.shuffle(at)
-    target = context_target(data.count, length, question, answer_format)
+    target = context_target(data.count, draw.length, question, answer_format)
     built = haystack(data, rng, target, needles, at, filler)
-    return Sample(
-        task=task,
-        family=FAMILY,
-        length=length,
-        seed=seed,
-        context=built.context,
-        question=question,
-        answers=tuple(values[i] for i in asked),
-        evidence=tuple(built.spans[i] for i in asked),
+    return draw.sample(
+        built.context,
+        question,
+        [values[i] for i in asked],
+        [built.spans[i] for i in asked],
         meta={"filler": filler, "value_kind": kind, "keys": keys, "values": values},
         answer_format=answer_format,
     )
@@ -107,18 +109,11 @@ def single(task: str, filler: str, kind: str):
     """A one-needle task over ``filler`` ("noise" or "essay") with ``kind`` values."""
 
     def generate(data: TaskData, length: int, seed: int) -> Sample:
-        rng = random.Random(f"{task}/{seed}")
+        draw = Draw(task, FAMILY, length, seed)
+        rng = draw.rng()
         key, value = _key(rng, data), _value(rng, kind)
         return _sample(
-            task,
-            data,
-            length,
-            seed,
-            filler=filler,
-            kind=kind,
-            keys=[key],
-            values=[value],
-            asked=[0],
+            draw, data, filler=filler, kind=kind, keys=[key], values=[value], asked=[0],
             **_asked(key, kind),
         )
 
@@ -127,28 +122,20 @@ def single(task: str, filler: str, kind: str):
 
 def multikey(data: TaskData, length: int, seed: int) -> Sample:
     """One asked needle among needles of other keys."""
-    task = "niah_multikey"
-    rng = random.Random(f"{task}/{seed}")
+    draw = Draw("niah_multikey", FAMILY, length, seed)
+    rng = draw.rng()
     keys = _unique_keys(rng, data, 1 + DISTRACTORS)
     values = _unique_values(rng, "number", len(keys))
     return _sample(
-        task,
-        data,
-        length,
-        seed,
-        filler="essay",
-        kind="number",
-        keys=keys,
-        values=values,
-        asked=[0],
+        draw, data, filler="essay", kind="number", keys=keys, values=values, asked=[0],
         **_asked(keys[0], "number"),
     )
 
 
 def multivalue(data: TaskData, length: int, seed: int) -> Sample:
     """One key with several values, all asked."""
-    task = "niah_multivalue"
-    rng = random.Random(f"{task}/{seed}")
+    draw = Draw("niah_multivalue", FAMILY, length, seed)
+    rng = draw.rng()
     key = _key(rng, data)
     n = 1 + DISTRACTORS
     values = _unique_values(rng, "number", n)
@@ -157,23 +144,15 @@ def multivalue(data: TaskData, length: int, seed: int) -> Sample:
         "List every one of them."
     )
     return _sample(
-        task,
-        data,
-        length,
-        seed,
-        filler="essay",
-        kind="number",
-        keys=[key] * n,
-        values=values,
-        asked=list(range(n)),
-        question=question,
+        draw, data, filler="essay", kind="number", keys=[key] * n, values=values,
+        asked=list(range(n)), question=question,
     )
 
 
 def multiquery(data: TaskData, length: int, seed: int) -> Sample:
     """Several keys, each with its value, all asked in one question."""
-    task = "niah_multiquery"
-    rng = random.Random(f"{task}/{seed}")
+    draw = Draw("niah_multiquery", FAMILY, length, seed)
+    rng = draw.rng()
     keys = _unique_keys(rng, data, 1 + DISTRACTORS)
     values = _unique_values(rng, "number", len(keys))
     question = (
@@ -182,14 +161,6 @@ def multiquery(data: TaskData, length: int, seed: int) -> Sample:
         + f" and {keys[-1]} mentioned in the provided text? List one number per key."
     )
     return _sample(
-        task,
-        data,
-        length,
-        seed,
-        filler="essay",
-        kind="number",
-        keys=keys,
-        values=values,
-        asked=list(range(len(keys))),
-        question=question,
+        draw, data, filler="essay", kind="number", keys=keys, values=values,
+        asked=list(range(len(keys))), question=question,
     )

@@ -10,20 +10,12 @@ from __future__ import annotations
 
 from declattn.eval.corpus import planted_document, planted_fact
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import PLAIN_SCAFFOLD, TaskData
+from declattn.eval.tasks.base import PLAIN_SCAFFOLD, Draw, TaskData
 
 
 def planted(data: TaskData, length: int, seed: int) -> Sample:
     fact, question, answer = planted_fact(seed)
     doc = planted_document(data.count, max(100, length - PLAIN_SCAFFOLD), fact, seed)
-    return Sample(
-        task="planted",
-        family="planted",
-        length=length,
-        seed=seed,
-        context=doc.text,
-        question=question,
-        answers=(answer,),
-        evidence=((doc.fact_start, doc.fact_end),),
-        meta={"fact": fact},
+    return Draw("planted", "planted", length, seed).sample(
+        doc.text, question, [answer], [(doc.fact_start, doc.fact_end)], meta={"fact": fact}
     )

@@ -15,6 +15,7 @@ from typing import Any
 from declattn.eval.sample import Sample
 from declattn.eval.tasks.base import (
     Built,
+    Draw,
     TaskData,
     assemble,
     context_target,
@@ -101,8 +102,8 @@ def _take(it: Iterator[str], n: int) -> Iterator[str]:
 
 
 def squad(data: TaskData, length: int, seed: int) -> Sample:
-    task = "qa_squad"
-    rng = random.Random(f"{task}/{seed}")
+    draw = Draw("qa_squad", FAMILY, length, seed)
+    rng = draw.rng()
     paras = data.squad
     candidates = [i for i, p in enumerate(paras) if p["qas"]]
     gold_i = rng.choice(candidates)
@@ -119,15 +120,11 @@ def squad(data: TaskData, length: int, seed: int) -> Sample:
     answer_format = "Answer with a short phrase from the passages."
     target = context_target(data.count, length, question, answer_format)
     built = _with_distractors(data, rng, target, [gold_text], distractors())
-    return Sample(
-        task=task,
-        family=FAMILY,
-        length=length,
-        seed=seed,
-        context=built.context,
-        question=question,
-        answers=tuple(answers),
-        evidence=built.spans,
+    return draw.sample(
+        built.context,
+        question,
+        answers,
+        built.spans,
         scoring="qa",
         meta={"title": gold["title"]},
         answer_format=answer_format,
@@ -142,8 +139,8 @@ def _hotpot_paragraph(entry: dict[str, Any], title: str) -> str:
 
 
 def hotpot(data: TaskData, length: int, seed: int) -> Sample:
-    task = "qa_hotpot"
-    rng = random.Random(f"{task}/{seed}")
+    draw = Draw("qa_hotpot", FAMILY, length, seed)
+    rng = draw.rng()
     entries = data.hotpot
     while True:
         entry = entries[rng.randrange(len(entries))]
@@ -166,15 +163,11 @@ def hotpot(data: TaskData, length: int, seed: int) -> Sample:
     answer_format = "Answer with a short phrase."
     target = context_target(data.count, length, entry["question"], answer_format)
     built = _with_distractors(data, rng, target, golds, distractors())
-    return Sample(
-        task=task,
-        family=FAMILY,
-        length=length,
-        seed=seed,
-        context=built.context,
-        question=entry["question"],
-        answers=(entry["answer"].strip(),),
-        evidence=built.spans,
+    return draw.sample(
+        built.context,
+        entry["question"],
+        [entry["answer"].strip()],
+        built.spans,
         scoring="qa",
         meta={"id": entry["_id"], "titles": gold_titles},
         answer_format=answer_format,

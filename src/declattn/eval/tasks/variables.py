@@ -12,7 +12,7 @@ import random
 import string
 
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import TaskData, context_target, depths, haystack
+from declattn.eval.tasks.base import Draw, TaskData, context_target, depths, haystack
 
 FAMILY = "vt"
 HOPS = 4
@@ -35,8 +35,8 @@ def _chain(names: list[str], value: str) -> list[str]:
 
 
 def variable_tracking(data: TaskData, length: int, seed: int) -> Sample:
-    task = "vt"
-    rng = random.Random(f"{task}/{seed}")
+    draw = Draw("vt", FAMILY, length, seed)
+    rng = draw.rng()
     names = _names(rng, 2 * (HOPS + 1))
     value, other = (str(v) for v in rng.sample(range(10_000, 99_999), 2))
     asked, decoy = names[: HOPS + 1], names[HOPS + 1 :]
@@ -50,15 +50,11 @@ def variable_tracking(data: TaskData, length: int, seed: int) -> Sample:
     )
     target = context_target(data.count, length, question)
     built = haystack(data, rng, target, lines, at_asked + at_decoy, "noise")
-    return Sample(
-        task=task,
-        family=FAMILY,
-        length=length,
-        seed=seed,
-        context=built.context,
-        question=question,
-        answers=tuple(asked),
-        evidence=built.spans[: HOPS + 1],
+    return draw.sample(
+        built.context,
+        question,
+        asked,
+        built.spans[: HOPS + 1],
         forbidden=(),
         meta={"value": value, "decoy_value": other, "decoy": decoy},
     )

@@ -12,8 +12,9 @@ import random
 import string
 
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import TaskData, TokenCounter, context_target, pick_words
+from declattn.eval.tasks.base import Draw, TaskData, TokenCounter, context_target, pick_words
 
+FAMILY = "aggregation"
 COMMON = 10
 COMMON_REPEATS = 30
 RARE_REPEATS = 3
@@ -49,8 +50,8 @@ def _grow(count: TokenCounter, target: int, make, start: int) -> str:
 
 def common_words(data: TaskData, length: int, seed: int) -> Sample:
     """A numbered word list: ten words repeated often, the others a few times each."""
-    task = "cwe"
-    rng = random.Random(f"{task}/{seed}")
+    draw = Draw("cwe", FAMILY, length, seed)
+    rng = draw.rng()
     question = f"What are the {COMMON} most common words in the numbered list above?"
     answer_format = f"Answer with the {COMMON} words."
     target = context_target(data.count, length, question, answer_format)
@@ -66,15 +67,11 @@ def common_words(data: TaskData, length: int, seed: int) -> Sample:
     if len(make(0)) and data.count(make(0)) > target:
         raise ValueError(f"{length} tokens cannot hold {COMMON} words x {COMMON_REPEATS}")
     context = _grow(data.count, target, make, start=max(1, target // 20))
-    return Sample(
-        task=task,
-        family="aggregation",
-        length=length,
-        seed=seed,
-        context=context,
-        question=question,
-        answers=tuple(common),
-        evidence=(),
+    return draw.sample(
+        context,
+        question,
+        common,
+        (),
         meta={"common_repeats": COMMON_REPEATS, "rare_repeats": RARE_REPEATS},
         answer_format=answer_format,
     )
@@ -93,8 +90,8 @@ def _coded_vocab(rng: random.Random, n: int) -> list[str]:
 
 def frequent_words(data: TaskData, length: int, seed: int) -> Sample:
     """Coded words drawn with Zipf frequencies; the answer is the three most frequent."""
-    task = "fwe"
-    rng = random.Random(f"{task}/{seed}")
+    draw = Draw("fwe", FAMILY, length, seed)
+    rng = draw.rng()
     question = f"What are the {FREQUENT} most frequently appearing coded words in the text above?"
     answer_format = f"Answer with the {FREQUENT} words."
     target = context_target(data.count, length, question, answer_format)
@@ -114,15 +111,11 @@ def frequent_words(data: TaskData, length: int, seed: int) -> Sample:
     counts = {w: context.split().count(w) for w in vocab[: FREQUENT + 1]}
     if not counts[vocab[FREQUENT - 1]] > counts[vocab[FREQUENT]] > 0:
         raise ValueError(f"{length} tokens are too few to rank {FREQUENT} coded words apart")
-    return Sample(
-        task=task,
-        family="aggregation",
-        length=length,
-        seed=seed,
-        context=context,
-        question=question,
-        answers=tuple(vocab[:FREQUENT]),
-        evidence=(),
+    return draw.sample(
+        context,
+        question,
+        vocab[:FREQUENT],
+        (),
         meta={"alpha": ZIPF_ALPHA, "top_counts": counts},
         answer_format=answer_format,
     )
