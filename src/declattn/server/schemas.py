@@ -68,9 +68,9 @@ class DARequest(BaseModel):
     )
     min_context: int | None = Field(
         None, ge=0,
-        description="contexts shorter than this many tokens run vanilla (the usage says so): "
-        "there DA reads more per step than full attention (default: 1.5 chunks of "
-        "chunk_tokens, the measured break-even; 0 never falls back)",
+        description="contexts shorter than this many tokens run vanilla (the usage says so); "
+        "unset, the gate weighs the whole DA reply against the plain reply (docs/protocol.md, "
+        "'The gate'); 0 never falls back",
     )
     return_tags: Literal["content", "strip"] = Field(
         "content",
