@@ -45,7 +45,7 @@ from declattn.vllm.xargs import StreamingSpec  # noqa: E402
 
 BLOCK = 32
 MAX_TOKENS = 32
-OPTIONS = DAOptions(target=128, cap=192, constrain=True, runaway=False)
+OPTIONS = DAOptions(target=128, cap=192, constrain=True, runaway=False, min_context=0)
 FIND_CHUNK = 3
 STREAM_BUDGET = 6  # blocks per step for the StreamingLLM request (its prompt has 15)
 QUESTION = "What is the essay about?"
