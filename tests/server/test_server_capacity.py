@@ -20,7 +20,8 @@ from declattn.server.metrics import parse
 PROMPT = "1, 2, 3, 4, 5, 6, 7, 8,"  # about 16 tokens; the model keeps counting
 
 
-A_TOKENS = 48
+A_TOKENS = 256
+"""Long enough that A still runs while B queues and C is refused, on a loaded machine."""
 
 
 @pytest.fixture(scope="module")
