@@ -124,7 +124,8 @@ class Delegating(Controller):
 class Forced(Delegating):
     """Teacher forcing: ``inner`` decides everything but the next token, which is the
     script's next one while the script lasts (the inner logits hook still runs first,
-    so a constraint sees every step; past the script its logits stand).
+    so a constraint sees every step; past the script its logits stand, and the inner
+    controller's forced tokens are appended again).
 
     ``logits`` keeps each step's logits as the model produced them when ``keep_logits``
     (oracle tests compare them across runs)."""
@@ -161,3 +162,8 @@ class Forced(Delegating):
     def on_token(self, token_id: int, text: str) -> str | None:
         self.n += 1
         return self.inner.on_token(token_id, text)
+
+    def forced(self) -> ForcedTokens | None:
+        """None while the script lasts: the script fixes every token, the inner
+        controller's jump-forward would write past it."""
+        return None if self.n < len(self.tokens) else self.inner.forced()
