@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 from harbour import CONTEXT, QUESTION
 
 from declattn.api import Engine
@@ -113,3 +114,23 @@ def test_greedy_text_equals_step_by_step_on_the_shipped_model() -> None:
             texts.append(ans.text[: end + len("</answer>")] if end >= 0 else ans.text)
         assert texts[-2] == texts[-1]
         assert "<focus find=" in texts[-1]  # the model wrote tags: forcing had work to do
+
+
+def test_an_economy_reply_cannot_end_before_its_answer(engine):
+    """The end of the response is banned until ``<answer>`` is open (``require_answer``):
+    a model that would stop right after its focus block writes on instead."""
+    from declattn.api.constrained import constrain
+
+    sess = engine.session(CONTEXT, QUESTION, options=ECONOMY)
+    end = engine.tokenizer.eos_token_id
+    assert end in sess.state.banned_ids()
+    logits = torch.zeros(len(engine.tokenizer))
+    logits[end] = 10.0  # the model wants to stop
+    row = constrain(sess.state.constraints, logits, "", 0, sess.state.banned_ids())
+    assert int(row.argmax()) != end and torch.isneginf(row[end])
+    for k, text in enumerate(['<focus find="day 5">', "15", "<answer>"]):
+        sess.on_token(k, text)
+    assert sess.state.banned_ids() == ()  # the answer is open: it may end
+    no_guard = dataclasses.replace(ECONOMY, require_answer=False)
+    off = engine.session(CONTEXT, QUESTION, options=no_guard)
+    assert off.state.banned_ids() == ()

@@ -113,3 +113,12 @@ def test_feed_finishes_at_the_closing_answer() -> None:
 def test_chunk_texts_must_match_the_layout() -> None:
     with pytest.raises(ValueError, match="2 chunk texts for a layout of 3 chunks"):
         DAState(LAYOUT, TEXTS[:2])
+
+
+def test_the_end_is_banned_until_an_answer_is_open() -> None:
+    state = DAState(LAYOUT, TEXTS, focus_form="find", end_ids=(7, 9))
+    assert state.banned_ids() == (7, 9)
+    for k, piece in enumerate(['<focus find="last train">', "eleven", "</focus>", "<ans"]):
+        state.feed(k, piece)
+        assert state.banned_ids() == ((7, 9) if k < 3 else ())  # '<ans' is opening it
+    assert DAState(LAYOUT, TEXTS).banned_ids() == ()  # no end ids: nothing banned

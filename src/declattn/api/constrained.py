@@ -35,10 +35,18 @@ def mask_logits(logits: Tensor, allowed: Sequence[int] | np.ndarray) -> Tensor |
 
 
 def constrain(
-    constraints: Sequence[TokenConstraint], logits: Tensor, pending: str, index: int
+    constraints: Sequence[TokenConstraint], logits: Tensor, pending: str, index: int,
+    banned: Sequence[int] = (),
 ) -> Tensor:
     """The row to sample output token ``index`` from, given the tag reader's ``pending``
-    text: each constraint in turn masks it where it applies, and records what it did."""
+    text: the ``banned`` ids masked (unless nothing would be left), then each constraint
+    in turn masks it where it applies, and records what it did."""
+    if banned:
+        idx = torch.as_tensor([i for i in banned if i < logits.shape[-1]], dtype=torch.long)
+        kept = logits.clone()
+        kept[idx.to(logits.device)] = float("-inf")
+        if not bool(torch.isneginf(kept).all()):
+            logits = kept
     for c in constraints:
         allowed = c.allowed_ids(pending)
         if allowed is None:

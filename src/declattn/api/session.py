@@ -211,6 +211,7 @@ class DASession(Session):
             focus_vocab=(focus_vocab or FocusVocab.from_tokenizer(tokenizer)) if ids_on else None,
             find_vocab=(find_vocab or FindVocab.from_tokenizer(tokenizer)) if find_on else None,
             runaway=RunawayGuard(max_tokens=max_tokens) if o.runaway else None,
+            end_ids=tokenizer.all_special_ids if o.require_answer else (),
         )
         self.expected_views: list[tuple[int, ...]] = []
         self.tokenizer = tokenizer
@@ -255,7 +256,9 @@ class DASession(Session):
 
     def process_logits(self, logits: Tensor) -> Tensor:
         """Inside a declaration, keep only tokens that lead to a valid one."""
-        return constrain(self.state.constraints, logits, self.reader.pending, self.n_tokens)
+        state = self.state
+        return constrain(state.constraints, logits, self.reader.pending, self.n_tokens,
+                         state.banned_ids())
 
     def on_token(self, token_id: int, text: str) -> str | None:
         super().on_token(token_id, text)

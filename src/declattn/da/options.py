@@ -38,7 +38,8 @@ class DAOptions:
     steps that write protocol text (a tag, the space between blocks) read only what
     ``<local>`` reads (``declattn.da.state``). ``jump_forward``: text the protocol fixes
     (the rest of a tag once it is decided) is appended in one forward instead of one
-    decode step a token (``DAState.forced_text``).
+    decode step a token (``DAState.forced_text``). ``require_answer``: the response may
+    not end (a special token) before it has opened an ``<answer>``.
     """
 
     target: int = 2048
@@ -55,6 +56,7 @@ class DAOptions:
     index: int = 0
     scaffold_local: bool = False
     jump_forward: bool = False
+    require_answer: bool = False
 
     def __post_init__(self) -> None:
         if self.focus not in FOCUS_FORMS:
@@ -66,10 +68,11 @@ class DAOptions:
     def economy(cls, **changes: Any) -> DAOptions:
         """The economical protocol (docs/protocol.md): a find focus with the answer
         written inside it (``ECONOMY_INSTRUCTION``), the find constraint, scaffold steps
-        read as local, and forced tag text appended in one forward."""
+        read as local, forced tag text appended in one forward, and no end before an
+        answer."""
         base: dict[str, Any] = {
             "focus": "find", "instruction": ECONOMY_INSTRUCTION, "constrain": True,
-            "scaffold_local": True, "jump_forward": True,
+            "scaffold_local": True, "jump_forward": True, "require_answer": True,
         }
         return cls(**{**base, **changes})
 

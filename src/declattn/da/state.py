@@ -87,7 +87,8 @@ class DAState:
     ``chunk_texts`` lets find focus resolve (without them every find is declined);
     ``focus_vocab`` / ``find_vocab`` turn on the matching logits constraint;
     ``focus_form`` (``ids``, ``find``, ``both``) is what the instruction taught, for the
-    fixed text of a focus head; ``runaway`` stops a looping response.
+    fixed text of a focus head; ``runaway`` stops a looping response; ``end_ids`` (the
+    tokenizer's special tokens) may not end the response before an ``<answer>`` is open.
     """
 
     def __init__(
@@ -101,6 +102,7 @@ class DAState:
         focus_vocab: FocusVocab | None = None,
         find_vocab: FindVocab | None = None,
         runaway: RunawayGuard | None = None,
+        end_ids: Sequence[int] = (),
     ) -> None:
         if chunk_texts is not None and len(chunk_texts) != layout.n_chunks:
             raise ValueError(
@@ -119,6 +121,7 @@ class DAState:
             find.prepare()  # its index is built now, not on the first step inside a tag
             self.constraints.append(find)
         self.runaway = runaway
+        self.end_ids = tuple(end_ids)
         self.text = ""
         self.n_tokens = 0
         self._boundary = 0  # where the last closing tag ended (the response's start at first)
@@ -157,6 +160,12 @@ class DAState:
     def forced_text(self) -> str | None:
         """The text the protocol fixes next (``fixed_continuation`` of the pending tag)."""
         return fixed_continuation(self.reader.pending, self.reader.mode, self.heads)
+
+    def banned_ids(self) -> tuple[int, ...]:
+        """Token ids the next token may not be: the end of the response (``end_ids``)
+        while no answer has been opened, so a reply that found its fact in a focus goes
+        on to write the answer instead of stopping without one."""
+        return () if self.answer_open() else self.end_ids
 
     def answer_open(self) -> bool:
         """Whether ``<answer>`` has been written (or is being written)."""

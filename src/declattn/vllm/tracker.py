@@ -204,6 +204,7 @@ class RequestTracker(Tracker):
                 scaffold_local=spec.scaffold_local, focus_form=spec.focus,
                 focus_vocab=self.vocab if ids_on else None,
                 find_vocab=self.find_vocab if find_on else None,
+                end_ids=self.tokenizer.all_special_ids if spec.require_answer else (),
             )
         return self._state
 
@@ -250,7 +251,8 @@ class RequestTracker(Tracker):
 
     @property
     def edits_logits(self) -> bool:
-        return bool(self.spec.force) or any(self.spec.constraints())
+        spec = self.spec
+        return bool(spec.force) or spec.require_answer or any(spec.constraints())
 
     def process_logits(self, row: Tensor) -> Tensor:
         """Forced tokens first (teacher forcing), else the spec's constraints."""
@@ -260,4 +262,5 @@ class RequestTracker(Tracker):
             out = torch.full_like(row, float("-inf"))
             out[self.spec.force[k]] = 0.0
             return out
-        return constrain(self.state.constraints, row, self.reader.pending, k)
+        state = self.state
+        return constrain(state.constraints, row, self.reader.pending, k, state.banned_ids())

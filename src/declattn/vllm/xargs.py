@@ -39,12 +39,13 @@ MASKING = "da_masking"  # 0 (DA-nm: tags are read, nothing is skipped) or 1
 CONSTRAIN = "da_constrain"  # 0 or 1: the focus-id constraint on the logits
 FOCUS = "da_focus"  # "ids", "find" or "both": which focus constraint(s) da_constrain sets
 SCAFFOLD = "da_scaffold"  # 0 or 1: steps writing protocol text read as local (DAOptions)
+ANSWER = "da_require_answer"  # 0 or 1: no end of the response before an <answer>
 FORCE = "da_force"  # token ids the response must start with (teacher forcing)
 LABEL = "da_label"  # a name for the request in the engine core's read log
 STREAMING = "da_streaming"  # a StreamingLLM request: blocks read per decode step
 
 KEYS = (PROMPT_LEN, SINK, QUESTION, CHUNKS, LINE_START, MASKING, CONSTRAIN, FOCUS, SCAFFOLD,
-        FORCE, LABEL, STREAMING)
+        ANSWER, FORCE, LABEL, STREAMING)
 
 
 class BadDAArgs(ValueError):
@@ -63,6 +64,7 @@ class DASpec:
     label: str | None = None
     focus: str = "ids"
     scaffold_local: bool = False
+    require_answer: bool = False
 
     def __post_init__(self) -> None:
         if self.focus not in FOCUS_FORMS:
@@ -91,6 +93,7 @@ class DASpec:
             CONSTRAIN: int(self.constrain),
             FOCUS: self.focus,
             SCAFFOLD: int(self.scaffold_local),
+            ANSWER: int(self.require_answer),
         }
         if self.force:
             args[FORCE] = list(self.force)
@@ -195,6 +198,7 @@ def parse(extra_args: Mapping[str, Any] | None) -> DASpec | StreamingSpec | None
             label=None if label is None else str(label),
             focus=str(extra_args.get(FOCUS, "ids")),
             scaffold_local=_flag(extra_args, SCAFFOLD, False),
+            require_answer=_flag(extra_args, ANSWER, False),
         )
     except BadDAArgs:
         raise
