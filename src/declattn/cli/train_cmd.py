@@ -29,6 +29,24 @@ def add_parser(sub: Any) -> None:
     t.add_argument("--threads", type=int, default=1)
     t.add_argument("--no-gate", action="store_true", help="skip the accuracy gate")
     t.set_defaults(func=run_train)
+    lo = s.add_parser(
+        "da-lora", help="teach a shipped real model to declare with a LoRA adapter (CPU)"
+    )
+    lo.add_argument("--base", default="qwen2.5-0.5b",
+                    help="the shipped base model: qwen2.5-0.5b or smollm2-135m")
+    lo.add_argument("--out", required=True, help="directory for the adapter and the run "
+                    "(an unfinished run there resumes from its checkpoint)")
+    lo.add_argument("--steps", type=int, default=None)
+    lo.add_argument("--batch", type=int, default=None, help="sequences per optimiser step")
+    lo.add_argument("--lr", type=float, default=None)
+    lo.add_argument("--seed", type=int, default=None)
+    lo.add_argument("--max-context", type=int, default=None,
+                    help="longest context of a training document, in tokens")
+    lo.add_argument("--heldout", type=int, default=None, help="held-out sequences")
+    lo.add_argument("--heldout-every", type=int, default=None)
+    lo.add_argument("--threads", type=int, default=None, help="torch threads (default: all "
+                    "idle cores)")
+    lo.set_defaults(func=run_da_lora)
     e = s.add_parser("eval", help="held-out accuracy and reads of a declaring model")
     e.add_argument("--model", required=True, help="a model directory (from train da-tiny)")
     e.add_argument("--samples", type=int, default=200)
@@ -87,6 +105,57 @@ def run_train(args: argparse.Namespace) -> int:
             f"the lookup did not form: accuracy {cell.accuracy:.0%} < {spec.gate_accuracy:.0%} "
             f"(the model in {out} is not shipped; the table shows what it did learn)"
         )
+    return 0
+
+
+def run_da_lora(args: argparse.Namespace) -> int:
+    import sys
+
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from declattn.engine.registry import MODELS
+    from declattn.engine.threads import use_threads
+    from declattn.train.da_lora import LoRARun, RunMismatch, train_da_lora, with_overrides
+    from declattn.train.da_lora import Progress as RunProgress
+
+    if args.base not in ("qwen2.5-0.5b", "smollm2-135m") or args.base not in MODELS:
+        raise UserError(f"--base must be qwen2.5-0.5b or smollm2-135m, not {args.base!r}")
+    run = with_overrides(
+        LoRARun(base=args.base), steps=args.steps, batch=args.batch, lr=args.lr,
+        seed=args.seed, max_context=args.max_context, heldout=args.heldout,
+        heldout_every=args.heldout_every,
+    )
+    if run.steps < 1 or run.batch < 1 or run.heldout < 1 or run.heldout_every < 1:
+        raise UserError("--steps, --batch, --heldout and --heldout-every must be at least 1")
+    if run.max_context < run.min_context:
+        raise UserError(f"--max-context must be at least {run.min_context}")
+    threads = use_threads(args.threads)
+    out, con = Path(args.out), console()
+    con.print(f"da-lora: {run.base}, {run.steps} steps of {run.batch} sequences, "
+              f"{threads} thread(s); held-out loss every {run.heldout_every} steps")
+    with Progress(
+        TextColumn("[bold]training da-lora"), BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]:.3f}  held-out {task.fields[held]}"),
+        TimeElapsedColumn(), console=con,
+    ) as bar:
+        task = bar.add_task("train", total=run.steps, loss=float("nan"), held="-")
+
+        def on_step(step: int, loss: float, lr: float) -> None:
+            bar.update(task, completed=step + 1, loss=loss)
+
+        def on_heldout(step: int, loss: float) -> None:
+            bar.update(task, held=f"{loss:.3f}")
+            bar.console.print(f"step {step}: held-out loss {loss:.4f}")
+
+        try:
+            with user_errors():
+                record = train_da_lora(run, out, RunProgress(on_step, on_heldout),
+                                       command=" ".join(["declattn", *sys.argv[1:]]))
+        except RunMismatch as e:
+            raise UserError(str(e)) from e
+    con.print(f"wrote {out}: {record['seconds']:.0f} s of training, held-out loss "
+              f"{record['heldout'][0]['loss']} -> {record['heldout'][-1]['loss']}")
     return 0
 
 

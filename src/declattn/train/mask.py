@@ -36,8 +36,12 @@ def transcript_mask(
     block_size: int = DEFAULT_BLOCK_SIZE,
     masking: bool = True,
     chunk_local: bool = False,
+    chunk_texts: Sequence[str] | None = None,
 ) -> Tensor:
-    """``[L, L]`` bool, True where row (query) may read column (key); L = P + n - 1."""
+    """``[L, L]`` bool, True where row (query) may read column (key); L = P + n - 1.
+
+    ``chunk_texts`` (the prompt's chunks, in order) let find declarations resolve, as a
+    live session's reader resolves them; without them every find is declined."""
     p = layout.prompt_len
     n = len(output_texts)
     if n < 1:
@@ -48,7 +52,7 @@ def transcript_mask(
         _confine_chunks(mask, layout)
     if not masking:
         return mask
-    for step in replay(layout, output_texts, block_size).steps:
+    for step in replay(layout, output_texts, block_size, chunk_texts=chunk_texts).steps:
         row = step.length - 1  # the step's query position
         scope = Scope(layout, step.mode, step.focus_ids)
         mask[row, :] = False

