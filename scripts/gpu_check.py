@@ -160,11 +160,11 @@ def engine_step_time_32k(args: argparse.Namespace) -> str:
     arms alternate step by step in this process."""
     dev = _device(args)
     from declattn.bench.e2e import engine_over, kv_heavy_config, random_model
+    from declattn.da.scope import Scope
     from declattn.engine.controller import Controller
     from declattn.engine.sampler import SamplingParams
     from declattn.protocol.layout import Layout, Span
     from declattn.protocol.modes import Mode
-    from declattn.scope import Scope
 
     class Viewing(Controller):
         def __init__(self, ids: list[int], scope: Scope | None, block: int) -> None:
@@ -306,7 +306,7 @@ def vllm_plugin(args: argparse.Namespace) -> str:
     except ImportError as e:
         raise Skip(f"vLLM is not importable here ({e})") from e
     from declattn.bench.transcript import QUESTION, repeated_essay
-    from declattn.session import DAOptions
+    from declattn.da.options import DAOptions
     from declattn.vllm.offline import served_model
     from declattn.vllm.request import build_request
     from declattn.vllm.xargs import StreamingSpec

@@ -9,20 +9,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from declattn.da.replay import Replay, replay
+from declattn.da.scope import Scope, StepCount
+from declattn.protocol.grammar import DeclineReason
 from declattn.protocol.layout import Layout, Span
 from declattn.protocol.modes import Mode
 from declattn.protocol.prompt import RenderedPrompt, render_plain, render_prompt
 from declattn.protocol.segment import Chunk, SegmentError, segment
-from declattn.protocol.tags import Declaration, DeclineReason, TagReader
-from declattn.replay import Replay, replay
-from declattn.scope import Scope, StepCount
+from declattn.protocol.tags import Declaration, TagReader
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "Engine": "declattn.api",
     "Answer": "declattn.api",
-    "DAOptions": "declattn.session",
+    "DAOptions": "declattn.da.options",
     "SamplingParams": "declattn.engine.sampler",
     "Client": "declattn.server.client",
 }

@@ -12,6 +12,7 @@ import math
 
 import pytest
 
+from declattn.api.session import DASession
 from declattn.bench.attn_micro import focus_ids, mode_views, synthetic_layout
 from declattn.bench.decode import DecodeBenchConfig, extend_positions
 from declattn.bench.transcript import (
@@ -22,10 +23,10 @@ from declattn.bench.transcript import (
     repeated_essay,
 )
 from declattn.cli import main
+from declattn.da.options import DAOptions
 from declattn.engine.threads import suggest_threads
 from declattn.protocol.modes import Mode
 from declattn.protocol.tags import TagReader
-from declattn.session import DAOptions, DASession
 
 
 def test_suggest_threads_leaves_busy_cores_alone():

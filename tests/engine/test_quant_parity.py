@@ -15,12 +15,14 @@ import math
 import pytest
 import torch
 from gguf_samples import gguf_header
+from harbour import CONTEXT, QUESTION, TRANSCRIPT
 from test_engine import dense_greedy, make_engine, prompt, run_one, tiny_model
-from test_session import CONTEXT, QUESTION, TRANSCRIPT
 from torch import Tensor
 
 from declattn.api import Engine
 from declattn.bench.quant_accuracy import PROMPTS, markdown, measure
+from declattn.da.options import DAOptions
+from declattn.da.replay import replay
 from declattn.engine.controller import Controller, Forced
 from declattn.engine.dense import DenseAttention
 from declattn.engine.loader import load_model
@@ -29,8 +31,6 @@ from declattn.engine.quant.dense import pack_dense
 from declattn.engine.registry import resolve_model
 from declattn.engine.sampler import SamplingParams
 from declattn.protocol.modes import Mode
-from declattn.replay import replay
-from declattn.session import DAOptions
 
 STEPS = 16
 

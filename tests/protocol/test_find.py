@@ -16,7 +16,7 @@ from declattn.protocol.find import (
     normalize,
     phrase_words,
 )
-from declattn.protocol.tags import MAX_FIND_WORDS, MAX_FOCUS_IDS, DeclineReason
+from declattn.protocol.grammar import MAX_FIND_WORDS, MAX_FOCUS_IDS, DeclineReason
 
 DEMO = [
     "The bakery on Mill Lane sells rye bread.",

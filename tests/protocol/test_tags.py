@@ -10,14 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from declattn.protocol.find import MatchQuality, PhraseFinder
+from declattn.protocol.grammar import MAX_FIND_TAG_LEN, MAX_TAG_LEN, DeclineReason
 from declattn.protocol.modes import Mode
-from declattn.protocol.tags import (
-    MAX_FIND_TAG_LEN,
-    MAX_TAG_LEN,
-    Declaration,
-    DeclineReason,
-    TagReader,
-)
+from declattn.protocol.tags import Declaration, TagReader
 
 N_CHUNKS = 5
 
@@ -134,6 +129,8 @@ def reference(
                 reason = DeclineReason.BAD_SYNTAX
             elif not closing:
                 new_mode = Mode(name)
+                if new_mode is Mode.ANSWER and mode is Mode.FOCUS:
+                    new_ids = ids  # an answer opened in a focus reads that focus
         elif {"find", "magic_chunks"} <= set(_ref_attributes(tag)):
             reason = DeclineReason.FIND_AND_IDS
         elif (phrase := _ref_find_phrase(tag)) is not None:
@@ -537,7 +534,8 @@ def test_random_and_adversarial_streams() -> None:
                 modes_seen.add(d.mode)
             assert reader.safe_end + len(reader.pending) == reader.text_len
             assert reader.mode in valid_modes
-            assert bool(reader.focus_ids) == (reader.mode is Mode.FOCUS)
+            assert bool(reader.focus_ids) <= (reader.mode in (Mode.FOCUS, Mode.ANSWER))
+            assert reader.mode is not Mode.FOCUS or reader.focus_ids
             assert all(1 <= i <= n_chunks for i in reader.focus_ids)
             assert len(reader.pending) < MAX_FIND_TAG_LEN
         reader.finish()

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from declattn.da.options import DAOptions
 from declattn.protocol.instruction import BRIEF_INSTRUCTION
 from declattn.server.prepare import da_options
 from declattn.server.schemas import DARequest
-from declattn.session import DAOptions
 
 OWN = DAOptions(target=16, cap=16, sink=4, style="inline", instruction=BRIEF_INSTRUCTION)
 

@@ -8,8 +8,8 @@ import httpx
 import pytest
 from conftest import MODEL, da_context
 
+from declattn.api.session import PlainSession
 from declattn.server.metrics import parse
-from declattn.session import PlainSession
 
 openai = pytest.importorskip("openai")
 

@@ -1,7 +1,7 @@
 """Run records for the show tests.
 
 ``record``: synthetic, no model, real replay and scope arithmetic. The steps come from
-``declattn.replay`` and the blocks read from ``Scope``, so the record has the shape and
+``declattn.da.replay`` and the blocks read from ``Scope``, so the record has the shape and
 the one-step lag a live run writes, with text chosen to exercise every mode, a decline,
 and HTML that must be escaped; it has no ``focus`` list, as records written before focus
 diagnostics.
@@ -23,13 +23,13 @@ import torch
 
 from declattn.api import Engine
 from declattn.bench.e2e import kv_heavy_config, random_model
+from declattn.da.options import DAOptions
+from declattn.da.replay import replay
+from declattn.da.scope import Scope
 from declattn.engine.controller import Forced
 from declattn.engine.loader import LoadedModel
 from declattn.engine.sampler import SamplingParams
 from declattn.protocol.layout import Layout, Span
-from declattn.replay import replay
-from declattn.scope import Scope
-from declattn.session import DAOptions
 from declattn.show.record import block_ranges, build_record
 
 BLOCK = 16

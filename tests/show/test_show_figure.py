@@ -12,7 +12,6 @@ from matplotlib.image import imread
 
 from declattn.protocol.layout import Span
 from declattn.protocol.modes import Mode
-from declattn.show import MODE_COLORS, ShowRecord
 from declattn.show.figure import (
     FIGSIZE,
     draw_figure,
@@ -22,6 +21,7 @@ from declattn.show.figure import (
     save_figure,
     title,
 )
+from declattn.show.view import MODE_COLORS, ShowRecord
 
 
 @pytest.fixture

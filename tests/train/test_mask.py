@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 import torch
 
+from declattn.api.session import DASession
 from declattn.engine.engine import PagedEngine
 from declattn.engine.sampler import SamplingParams
 from declattn.protocol.layout import Layout, Span
-from declattn.session import DASession
 from declattn.train.data import da_tiny_options, encode
 from declattn.train.mask import transcript_mask
 from declattn.train.tasks import make_episode
@@ -116,3 +116,33 @@ def test_padding_changes_no_sequence_of_a_batch(tiny_tok, random_tiny) -> None:
         alone = hidden_states(random_tiny, collate([short], 1))
         both = hidden_states(random_tiny, collate([short, long], 1))
     torch.testing.assert_close(both[: len(short.input_ids)], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_mask_rows_follow_the_economy_protocol_row_by_row(random_smol_model) -> None:
+    """A find focus with the answer inside it, under the scaffold rule: every decode
+    row of the training mask is the blocks the engine read for that token."""
+    from harbour import CONTEXT, QUESTION
+
+    from declattn.api import Engine
+    from declattn.da.options import DAOptions
+    from declattn.engine.controller import Forced as Teacher
+    from declattn.protocol.modes import Mode
+
+    engine = Engine(random_smol_model, kv_tokens=8192)
+    options = DAOptions.economy(target=96, cap=128, jump_forward=False)
+    sess = engine.session(CONTEXT, QUESTION, options=options)
+    tok = engine.tokenizer
+    forced = tok.encode('<focus find="day 5 notes calm water, 15 boats"><answer>15</answer>',
+                        add_special_tokens=False)
+    seq = engine.add(Teacher(sess, forced), SamplingParams(max_tokens=len(forced)))
+    for _ in engine.run(seq):
+        pass
+    mask = transcript_mask(sess.layout, seq.token_texts, block_size=engine.block_size,
+                           chunk_texts=[c.text for c in sess.chunks], scaffold_local=True)
+    bs = engine.block_size
+    for read in seq.reads:
+        seen = torch.zeros(mask.shape[1], dtype=torch.bool)
+        for b in read.blocks:
+            seen[b * bs : min((b + 1) * bs, read.length)] = True
+        assert torch.equal(mask[read.length - 1], seen), f"output {read.index}"
+    assert {Mode.LOCAL, Mode.FOCUS, Mode.ANSWER} <= {s.mode for s in sess.steps}

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from declattn.da.replay import replay
 from declattn.protocol.segment import segment, token_counter
-from declattn.replay import replay
 from declattn.train.data import da_tiny_options, encode, paragraph_chunks_of
 from declattn.train.tasks import CHUNK_TOKENS, make_episode, make_episodes, wrong_chunk
 

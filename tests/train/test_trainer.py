@@ -7,10 +7,10 @@ import time
 
 import torch
 
+from declattn.da.options import DAOptions
 from declattn.engine.loader import load_model
 from declattn.engine.registry import resolve_model
 from declattn.protocol.instruction import BRIEF_INSTRUCTION
-from declattn.session import DAOptions
 from declattn.train.data import encode
 from declattn.train.tasks import make_episode
 from declattn.train.trainer import Recipe, collate, loss_of, train

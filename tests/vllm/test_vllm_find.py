@@ -9,12 +9,13 @@ import pytest
 import torch
 from phrases import naming_phrase
 
-from declattn.constrain_find import FindVocab
+from declattn.api.session import DASession
+from declattn.da.constrain_find import FindVocab
+from declattn.da.options import DAOptions
+from declattn.da.replay import replay
+from declattn.da.scope import Scope
+from declattn.protocol.grammar import DeclineReason
 from declattn.protocol.modes import Mode
-from declattn.protocol.tags import DeclineReason
-from declattn.replay import replay
-from declattn.scope import Scope
-from declattn.session import DAOptions, DASession
 from declattn.vllm.request import build_request
 from declattn.vllm.tracker import RequestTracker, chunk_ids_of
 from declattn.vllm.xargs import BadDAArgs, DASpec, parse
@@ -106,7 +107,7 @@ def test_a_find_focus_resolves_from_the_decoded_chunk_spans_as_our_engine_resolv
     assert focused > 3
     tracker.sync()
     # the engine core's chunk texts are the chunks' own texts, byte for byte
-    assert tracker.finder is not None
+    assert tracker.state.finder is not None
     assert _finder_texts(smol_tokenizer, req) == [c.text for c in sess.chunks]
     (focus,) = [d for d in tracker.reader.declarations if d.kind == "focus"]
     assert focus.to_dict() == next(d.to_dict() for d in sess.declarations if d.kind == "focus")
@@ -181,4 +182,4 @@ def test_the_find_constraint_masks_the_logits_as_our_engines_session_does(
     allowed = int(torch.isfinite(ours).sum())
     assert 0 < allowed < len(smol_tokenizer) // 100 and masked_steps >= 3
     # the focus-id constraint is not on for a find request (DASession's rule)
-    assert len(tracker.constraints) == len(sess.constraints) == 1
+    assert len(tracker.state.constraints) == len(sess.constraints) == 1

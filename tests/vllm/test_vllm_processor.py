@@ -29,7 +29,7 @@ from vllm.v1.attention.backend import AttentionMetadataBuilder, CommonAttentionM
 from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
 
-from declattn.session import DAOptions  # noqa: E402
+from declattn.da.options import DAOptions  # noqa: E402
 from declattn.vllm import PROCESSOR_FQCN, build_request, link, patch, support  # noqa: E402
 from declattn.vllm.processor import DALogitsProcessor  # noqa: E402
 from declattn.vllm.processor_v1 import V1DAProcessor  # noqa: E402
@@ -49,10 +49,9 @@ def _plugin_on(monkeypatch):
 def kept_for(layout, tokenizer, outputs, length, block_size) -> tuple[int, ...]:
     """The kept blocks of the step that sees ``length`` positions after ``outputs``,
     rebuilt from the output text alone (our detokenizer, tag reader and scope)."""
+    from declattn.da.scope import Scope
     from declattn.engine.detok import Detokenizer
     from declattn.protocol.tags import TagReader
-    from declattn.scope import Scope
-
     detok, reader = Detokenizer(tokenizer), TagReader(layout.n_chunks)
     for token in outputs:
         reader.feed(detok.add(token))
@@ -445,10 +444,10 @@ def test_v2_copies_the_chunk_spans_from_the_device_and_a_find_focus_reads_its_ch
     its tokens are copied."""
     import dataclasses
 
-    from declattn.constrain_find import FindConstraint
+    from declattn.da.constrain_find import FindConstraint
+    from declattn.da.scope import Scope
     from declattn.eval.baselines import streaming_view
     from declattn.protocol.modes import Mode
-    from declattn.scope import Scope
     from declattn.vllm.tracker import chunk_ids_of
     from declattn.vllm.xargs import StreamingSpec
 
@@ -486,7 +485,7 @@ def test_v2_copies_the_chunk_spans_from_the_device_and_a_find_focus_reads_its_ch
     assert new.block_table_tensor[1, :6].tolist() == cm.block_table_tensor[1, list(kept)].tolist()
     assert int(new.seq_lens[1]) == 5 * BLOCK + (lens[1] - (lens[1] - 1) // BLOCK * BLOCK)
     # the engine core built the find constraint; outside a find tag it leaves a row alone
-    assert [type(c) for c in tracker.constraints] == [FindConstraint]
+    assert [type(c) for c in tracker.state.constraints] == [FindConstraint]
     ctx = _logits_context([2, 0], lens)
     logits = torch.randn(2, 50_000)
     assert torch.equal(proc.apply(logits.clone(), ctx), logits)

@@ -31,13 +31,13 @@ offline_env()
 
 
 from declattn.api import Engine  # noqa: E402
+from declattn.da.options import DAOptions  # noqa: E402
+from declattn.da.replay import replay  # noqa: E402
+from declattn.da.scope import Scope  # noqa: E402
 from declattn.engine.controller import Forced  # noqa: E402
 from declattn.engine.sampler import SamplingParams as EngineParams  # noqa: E402
 from declattn.protocol.modes import Mode  # noqa: E402
 from declattn.protocol.prompt import render_plain  # noqa: E402
-from declattn.replay import replay  # noqa: E402
-from declattn.scope import Scope  # noqa: E402
-from declattn.session import DAOptions  # noqa: E402
 from declattn.vllm import build_request, link  # noqa: E402
 from declattn.vllm.compact import compacted_length  # noqa: E402
 from declattn.vllm.offline import make_llm, output_record  # noqa: E402

@@ -8,10 +8,11 @@ import math
 import pytest
 import torch
 
+from declattn.api.session import DASession
+from declattn.da.options import DAOptions
+from declattn.da.replay import replay
 from declattn.protocol.layout import Layout, Span
 from declattn.protocol.modes import Mode
-from declattn.replay import replay
-from declattn.session import DAOptions, DASession
 from declattn.vllm.compact import compact_rows, compacted_length
 from declattn.vllm.request import build_request
 from declattn.vllm.tracker import RequestTracker

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from declattn.bench.machine import BandwidthProbe, Timing, time_call
+from declattn.da.scope import Scope
 from declattn.engine.decode import kernel_in_use
 from declattn.engine.kv import KVCache, KVConfig
 from declattn.engine.paged import PagedAttention, SeqStep
@@ -32,7 +33,6 @@ from declattn.engine.reads import ReadCounter
 from declattn.engine.threads import available_cores
 from declattn.protocol.layout import Layout, Span
 from declattn.protocol.modes import Mode
-from declattn.scope import Scope
 
 MODES = ("global", "focus", "local")
 KERNELS = ("native", "torch")

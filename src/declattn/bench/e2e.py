@@ -23,13 +23,14 @@ import torch
 from torch import Tensor
 
 from declattn.api import DEFAULT_PREFILL_CHUNK, Engine
+from declattn.api.session import DASession
 from declattn.bench.transcript import QUESTION, fact_chunk, forced_transcript, repeated_essay
+from declattn.da.options import DAOptions
 from declattn.engine.controller import Forced
 from declattn.engine.loader import LoadedModel
 from declattn.engine.models import Decoder, ModelConfig
 from declattn.engine.request import Request
 from declattn.engine.sampler import SamplingParams
-from declattn.session import DAOptions, DASession
 
 
 def kv_heavy_config(

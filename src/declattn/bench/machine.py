@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from declattn.engine.threads import available_cores, load_average
+from declattn.eval.accelerators import Accelerator
 
 
 def cpu_model() -> str:
@@ -127,3 +128,30 @@ def measure_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> Bandwidth:
     for _ in range(repeats):
         probe.sample()
     return probe.result()
+
+
+def measure_this_machine(
+    dtype: str = "bf16", size: int = 1024, seconds: float = 1.0
+) -> Accelerator:
+    """This machine's achievable matmul throughput and read bandwidth, measured now with
+    the current torch thread count (the roofline's ``this`` accelerator)."""
+    dt = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[dtype]
+    a = torch.randn(size, size).to(dt)
+    b = torch.randn(size, size).to(dt)
+    torch.mm(a, b)  # warm up
+    runs, t0 = 0, time.perf_counter()
+    best = float("inf")
+    while time.perf_counter() - t0 < seconds or runs < 3:
+        t = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t)
+        runs += 1
+    flops = 2 * size**3 / best
+    bw = measure_bandwidth().read_best
+    return Accelerator(
+        "this machine",
+        flops,
+        bw,
+        f"measured: {dtype} {size}x{size} matmul best of {runs}, "
+        f"{torch.get_num_threads()} threads; sum over a 256 MiB buffer",
+    )

@@ -29,15 +29,16 @@ from typing import Any
 import torch
 
 from declattn.api import Engine
+from declattn.api.session import DASession
 from declattn.bench.e2e import no_attention
 from declattn.bench.machine import BandwidthProbe, machine_info
 from declattn.bench.transcript import QUESTION, fact_chunk, repeated_essay
+from declattn.da.options import DAOptions
 from declattn.engine.controller import Forced
 from declattn.engine.registry import resolve_model
 from declattn.engine.sampler import SamplingParams
 from declattn.engine.threads import load_average
 from declattn.protocol.modes import Mode
-from declattn.session import DAOptions, DASession
 
 WORKER = Path(__file__).with_name("llama_worker.py")
 FILLER = "Reading the chunk closely for the vault code of the north tower. "

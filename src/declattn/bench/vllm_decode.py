@@ -23,7 +23,7 @@ from typing import Any
 
 from declattn.bench.machine import cpu_model, machine_info
 from declattn.bench.transcript import QUESTION, fact_chunk, forced_transcript, planted_document
-from declattn.session import DAOptions
+from declattn.da.options import DAOptions
 from declattn.vllm.offline import DEFAULT_BLOCK_SIZE, make_llm, offline_env
 from declattn.vllm.request import build_request
 

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _evidence(ans: Any, q: DemoQuestion) -> list[int]:
     """The chunks that hold the question's facts (none for an answer that ran vanilla)."""
-    from declattn.session import DASession
+    from declattn.api.session import DASession
 
     chunks = ans.session.chunks if isinstance(ans.session, DASession) else []
     return sorted({c.id for c in chunks for a in q.facts if c.start <= a < c.end})

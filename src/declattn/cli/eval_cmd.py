@@ -134,9 +134,9 @@ def run(args: argparse.Namespace) -> int:
     con = console()
     with user_errors():
         if args.backend == "vllm":
-            from declattn.vllm.eval_backend import run_cli
+            from declattn.cli.vllm_backend import evaluate as evaluate_vllm
 
-            rows = run_cli(spec, out_dir, args, judge, con, _machine())
+            rows = evaluate_vllm(spec, out_dir, args, judge, con, _machine())
             _report(rows, out_dir, args, con)
             return 0
         from declattn.api import Engine

@@ -45,12 +45,12 @@ def _from_record(path: str) -> tuple[Any, list[str], int]:
 
 
 def _from_response(args: argparse.Namespace) -> tuple[Any, list[str], int]:
+    from declattn.da.options import DAOptions
     from declattn.engine.detok import Detokenizer
     from declattn.engine.tokenizer import load_tokenizer
     from declattn.protocol.prompt import render_prompt
     from declattn.protocol.segment import segment, token_counter
     from declattn.protocol.template import encode_user_text
-    from declattn.session import DAOptions
 
     for flag in ("tokenizer", "context"):
         if not getattr(args, flag):
@@ -73,7 +73,7 @@ def _from_response(args: argparse.Namespace) -> tuple[Any, list[str], int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from declattn.replay import replay
+    from declattn.da.replay import replay
 
     if args.record and args.response:
         raise UserError("give either a record file or --response, not both")

@@ -212,7 +212,7 @@ def _results_table(cost: Any, accs: list, rows: list, args: Any, *, per_step: bo
 
 
 def _this_machine(cost: Any, con: Any) -> Any:
-    from declattn.eval.accelerators import measure_this_machine
+    from declattn.bench.machine import measure_this_machine
 
     dtype = {4: "fp32", 2: "bf16"}.get(int(cost.weight_bytes_per_param), "fp32")
     with con.status("measuring this machine (matmul and bandwidth)"):

@@ -65,12 +65,12 @@ def run(args: argparse.Namespace) -> int:
     if args.max_tokens < 1:
         raise UserError("--max-tokens must be at least 1")
     if getattr(args, "backend", "engine") == "vllm":
-        from declattn.vllm.run import run_cli
+        from declattn.cli.vllm_backend import run as run_vllm
 
         if len(questions) > 1:
             raise UserError("--backend vllm takes one --question")
         with user_errors():
-            return run_cli(args, context, questions[0])
+            return run_vllm(args, context, questions[0])
     out = console(stderr=args.json)
     arms = ["vanilla"] if args.vanilla else ["da-nm"] if args.no_mask else ["da"]
     if args.compare:

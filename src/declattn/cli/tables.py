@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.table import Table
 
-from declattn.accounting import saving
+from declattn.da.accounting import saving
 
 MODE_STYLES = {
     "global": "bold blue",

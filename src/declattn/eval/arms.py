@@ -24,11 +24,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from declattn.api.session import Session
+from declattn.da.options import DAOptions
 from declattn.engine.request import Request
 from declattn.engine.sampler import SamplingParams
 from declattn.eval.baselines import QuestSession, StreamingSession, sink_blocks
 from declattn.protocol.prompt import render_plain
-from declattn.session import DAOptions, Session
 
 if TYPE_CHECKING:
     from declattn.api import Engine

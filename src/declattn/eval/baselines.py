@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from declattn.api.session import Session
+from declattn.da.scope import StepCount
 from declattn.engine.kv import SequenceKeys
-from declattn.scope import StepCount
-from declattn.session import Session
 
 
 def sink_blocks(sink_tokens: int, block_size: int) -> int:

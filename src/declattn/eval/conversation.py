@@ -26,12 +26,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from declattn.api import Engine, RunVanilla
+from declattn.api.session import DASession, PlainSession, Session
 from declattn.eval.arms import ArmRun, ArmRunner, ArmSettings
 from declattn.eval.rows import build_row, error_row, row_key
 from declattn.eval.sample import span_chunks
 from declattn.eval.tasks.agentic import AgenticSample, tools
 from declattn.protocol.messages import render_plain_messages
-from declattn.session import DASession, PlainSession, Session
 
 CONVERSATION_ARMS = ("da", "da-nm", "da-constrained", "vanilla")
 

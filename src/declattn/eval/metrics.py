@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from statistics import fmean
 from typing import Any
 
-from declattn.accounting import saving
+from declattn.da.accounting import saving
 from declattn.eval.rows import steps_of
 from declattn.eval.scoring import score
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from declattn.api.session import DASession
 from declattn.eval.arms import ArmRun
 from declattn.eval.baselines import QuestSession
 from declattn.eval.sample import Sample, evidence_chunks
 from declattn.protocol.segment import segment, token_counter
-from declattn.session import DASession
 
 ROW_VERSION = 1
 STEP_FIELDS = (

@@ -20,7 +20,7 @@ across a chunk boundary names both chunks.
 
 Everything is a pure function of the phrase and the chunk texts: the live reader and a
 replay from the recorded chunk texts resolve the same phrase to the same chunks.
-The same folded text also serves the decoding constraint (``declattn.constrain``), which
+The same folded text also serves the decoding constraint (``declattn.da.constrain``), which
 asks which continuations of a phrase occur at a word start (``continuations``), so that
 what the constraint lets a model write is what this module resolves as exact.
 """
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
 
-from declattn.protocol.tags import MAX_FIND_WORDS, MAX_FOCUS_IDS, DeclineReason
+from declattn.protocol.grammar import MAX_FIND_WORDS, MAX_FOCUS_IDS, DeclineReason
 
 WINDOW_SLACK = 8
 """The fallback window spans at most ``len(words) + WINDOW_SLACK`` words."""

@@ -85,6 +85,40 @@ you found there, short: 1 to 12 words.
 {_LOCAL_RULE}
 Start with a focus block. {_END_RULE}"""
 
+_ECONOMY_DEMONSTRATION = f"""\
+{_DEMO_CASE}
+<focus find="last train to Leeds"><answer>11:40 pm</answer>"""
+
+_ECONOMY_RULES = """\
+- Start with <focus find="WORDS">. For WORDS, copy 2 to 6 words from the question that \
+the chunk you need must contain, such as a name with its noun. After the tag you see only \
+that chunk, the question and your reply so far.
+- Then write the short answer, taken from that chunk, as <answer>...</answer>; your reply \
+ends right after </answer>.
+- If the answer needs a fact from another place first, copy that fact inside a focus \
+block of its own, <focus find="WORDS">fact</focus>, then write the focus that holds the \
+answer.
+- Only if the question needs the whole document at once (counting or comparing \
+everything), write <global>short notes</global> before <answer>."""
+
+ECONOMY_INSTRUCTION = f"""\
+{_TITLE}
+{_ECONOMY_DEMONSTRATION}
+
+The rules:
+{_ECONOMY_RULES}
+
+{_LAST_LINE}"""
+"""The shortest reply the protocol allows: a find focus, then the answer written inside
+it from the focused chunk (``tags.py``: an answer opened in a focus reads that focus).
+No global survey, no copy step, no local block: every token beyond the vanilla answer's
+own is a tag, and tag text is read as local (``da.state``, scaffold steps)."""
+
+PLAIN_INSTRUCTION = "Answer the question from the document, briefly."
+"""The vanilla arm's final turn over the DA transcript (``render_prompt`` with this
+instruction): the same chunks as the DA prompt, so the document's prefix is shared and
+prefilled once; the turn asks for a plain answer and teaches no tags."""
+
 INDEX_HEADER = "What each magic chunk names:"
 """Heads the optional in-context index (``protocol/index.py``) inside the instruction."""
 

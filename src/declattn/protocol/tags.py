@@ -25,6 +25,11 @@ Focus forms
     reader built without a ``PhraseFinder`` declines every find. Both attributes in one
     tag are declined.
 
+Answer under focus
+    An ``<answer>`` opened inside an open focus block keeps that focus's chunk ids: the
+    answer is written from the chunk the model focused on (mode ``ANSWER`` with ids);
+    elsewhere ``<answer>`` reads what ``<local>`` reads.
+
 Decline
     On any doubt the reader declines, and a decline leaves the request in global: a
     wrong narrow scope corrupts the answer, a refused one only costs reads.
@@ -49,23 +54,21 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from enum import Enum, StrEnum
+from enum import Enum
 from typing import TYPE_CHECKING, Any
 
+from declattn.protocol.grammar import (
+    MAX_FIND_TAG_LEN,
+    MAX_FOCUS_IDS,
+    MAX_TAG_LEN,
+    DeclineReason,
+)
 from declattn.protocol.modes import Mode
 
 if TYPE_CHECKING:
     from declattn.protocol.find import PhraseFinder
 
 TAG_NAMES: tuple[str, ...] = ("global", "focus", "local", "answer")
-MAX_TAG_LEN = 96
-MAX_FIND_TAG_LEN = 160
-"""A find tag's limit: ``<focus find="">`` is 15 characters, which leaves room for
-``MAX_FIND_WORDS`` words of up to about 11 characters each."""
-MAX_FOCUS_IDS = 3
-MAX_FIND_WORDS = 12
-"""Longest find phrase, in folded words: a find phrase names a fact, it does not quote it."""
-
 _SPACE = " \t"
 _BREAKS = "<\n\r"  # never inside a candidate
 _LONGEST_NAME = max(len(n) for n in TAG_NAMES)
@@ -89,21 +92,6 @@ _ATTR_RE = re.compile(_ATTR)
 _ATTRS_RE = re.compile(rf"<focus((?:{_ATTR})+)[ \t]*>")
 
 _OPEN_MODE = {"global": Mode.GLOBAL, "local": Mode.LOCAL, "answer": Mode.ANSWER}
-
-
-class DeclineReason(StrEnum):
-    """Why a declaration was refused; the request stays in global either way."""
-
-    UNKNOWN_ID = "unknown chunk id"
-    TOO_MANY_IDS = "more than 3 chunk ids"
-    BAD_SYNTAX = "bad syntax"
-    NOT_IN_GLOBAL = "focus while not in global"
-    FIND_AND_IDS = "find and magic_chunks together"
-    NO_CHUNK_TEXTS = "find, but the reader has no chunk texts"
-    EMPTY_PHRASE = "find phrase has no words"
-    PHRASE_TOO_LONG = f"find phrase over {MAX_FIND_WORDS} words"
-    NO_MATCH = "find phrase in no chunk"
-    AMBIGUOUS = f"find phrase in more than {MAX_FOCUS_IDS} chunks"
 
 
 @dataclass(frozen=True)
@@ -263,7 +251,8 @@ class TagReader:
 
     @property
     def focus_ids(self) -> tuple[int, ...]:
-        """The focused chunk ids; empty unless the mode is FOCUS."""
+        """The focused chunk ids: those of a focus, or of the focus an answer was opened
+        in; empty otherwise."""
         return self._focus_ids
 
     @property
@@ -378,6 +367,8 @@ class TagReader:
                 reason = DeclineReason.BAD_SYNTAX
             elif not closing:
                 mode = _OPEN_MODE[name]
+                if mode is Mode.ANSWER and self._mode is Mode.FOCUS:
+                    ids = self._focus_ids  # an answer inside a focus reads that focus
         elif {"find", "magic_chunks"} <= set(_attribute_names(tag)):
             reason = DeclineReason.FIND_AND_IDS
         elif (found := _FIND_RE.fullmatch(tag)) is not None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from declattn.accounting import saving
+from declattn.da.accounting import saving
 
 DA_KEYS = frozenset(
     {"chunk_tokens", "chunk_cap", "constrain", "line_start", "masking", "return_tags"}

@@ -16,13 +16,14 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from declattn.api.session import DASession, PlainSession, Session
+from declattn.da.options import DAOptions
 from declattn.engine.sampler import SamplingParams
 from declattn.protocol.segment import SegmentError
 from declattn.protocol.template import NoChatTemplateError
 from declattn.server.errors import ECHO_MESSAGE_CHARS, APIError, bad_request, echo
 from declattn.server.schemas import ChatCompletionRequest, CompletionRequest, DARequest
 from declattn.server.token_bound import TokenBound
-from declattn.session import DAOptions, DASession, PlainSession, Session
 
 DEFAULT_TEMPERATURE = 1.0
 """OpenAI's default when a request names none; send ``temperature: 0`` for greedy."""

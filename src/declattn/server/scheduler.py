@@ -36,13 +36,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from declattn.api.session import DASession, Session
 from declattn.engine.request import Request, TokenEvent
 from declattn.protocol.tags import Declaration
 from declattn.server.controllers import ERROR_REASON, Guarded
 from declattn.server.errors import APIError
 from declattn.server.metrics import Metrics
 from declattn.server.prepare import Prepared
-from declattn.session import DASession, Session
 
 if TYPE_CHECKING:
     from declattn.api import Engine

@@ -20,7 +20,7 @@ from typing import Any
 
 from declattn.protocol.layout import Span
 from declattn.protocol.modes import Mode
-from declattn.show import MODE_COLORS, ShowRecord, ShowStep
+from declattn.show.view import MODE_COLORS, ShowRecord, ShowStep
 
 FIGSIZE = (12.0, 8.0)  # inches; at dpi 100 the PNG is 1200 x 800 pixels
 _DECLINE_COLOR = "#d00000"

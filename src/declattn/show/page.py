@@ -20,9 +20,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from declattn.accounting import saving
+from declattn.da.accounting import saving
 from declattn.protocol.modes import Mode
-from declattn.show import MODE_COLORS, ShowDeclaration, ShowFocus, ShowRecord
+from declattn.show.view import MODE_COLORS, ShowDeclaration, ShowFocus, ShowRecord
 
 _PREVIEW_CHARS = 70
 LIT_COLOR = "#00c2ff"

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from declattn.api import Answer
-from declattn.session import DASession
-from declattn.show import not_a_da_record
+from declattn.api.session import DASession
+from declattn.show.view import not_a_da_record
 
 RECORD_VERSION = 1
 

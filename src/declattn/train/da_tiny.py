@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
+from declattn.da.options import MODEL_SETTINGS_FILE
 from declattn.engine.models.config import ModelConfig
 from declattn.engine.models.decoder import Decoder
-from declattn.session import MODEL_SETTINGS_FILE
 from declattn.train.data import Example, da_tiny_options, encode, tiny_tokenizer
 from declattn.train.tasks import make_episodes
 from declattn.train.trainer import Batch, Recipe, collate, train

@@ -12,12 +12,12 @@ from typing import Any
 
 from torch import Tensor
 
+from declattn.da.options import DAOptions
+from declattn.da.scope import DEFAULT_BLOCK_SIZE
 from declattn.protocol.instruction import BRIEF_INSTRUCTION, final_turn
 from declattn.protocol.layout import Layout
 from declattn.protocol.prompt import render_prompt
 from declattn.protocol.segment import Chunk, segment, token_counter
-from declattn.scope import DEFAULT_BLOCK_SIZE
-from declattn.session import DAOptions
 from declattn.train.mask import transcript_mask
 from declattn.train.tasks import CHUNK_TOKENS, Episode, make_episode
 from declattn.train.vocab import build_tokenizer, words_of

@@ -18,10 +18,10 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from declattn.api.session import DASession
+from declattn.da.scope import Scope
 from declattn.engine.sampler import SamplingParams
 from declattn.protocol.modes import Mode
-from declattn.scope import Scope
-from declattn.session import DASession
 from declattn.train.tasks import Episode, make_episode, wrong_chunk
 
 if TYPE_CHECKING:

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from declattn.da.replay import replay
+from declattn.da.scope import DEFAULT_BLOCK_SIZE, Scope
 from declattn.protocol.layout import Layout
-from declattn.replay import replay
-from declattn.scope import DEFAULT_BLOCK_SIZE, Scope
 
 
 def transcript_mask(
@@ -37,11 +37,13 @@ def transcript_mask(
     masking: bool = True,
     chunk_local: bool = False,
     chunk_texts: Sequence[str] | None = None,
+    line_start: bool = False,
+    scaffold_local: bool = False,
 ) -> Tensor:
     """``[L, L]`` bool, True where row (query) may read column (key); L = P + n - 1.
 
-    ``chunk_texts`` (the prompt's chunks, in order) let find declarations resolve, as a
-    live session's reader resolves them; without them every find is declined."""
+    ``chunk_texts``, ``line_start`` and ``scaffold_local`` are the request's own (as
+    ``replay`` takes them): without the chunk texts a find focus is declined, as live."""
     p = layout.prompt_len
     n = len(output_texts)
     if n < 1:
@@ -52,7 +54,8 @@ def transcript_mask(
         _confine_chunks(mask, layout)
     if not masking:
         return mask
-    for step in replay(layout, output_texts, block_size, chunk_texts=chunk_texts).steps:
+    steps = replay(layout, output_texts, block_size, line_start, chunk_texts, scaffold_local).steps
+    for step in steps:
         row = step.length - 1  # the step's query position
         scope = Scope(layout, step.mode, step.focus_ids)
         mask[row, :] = False

@@ -169,7 +169,7 @@ def run_doctor(model: str, settings: dict[str, Any], *, probe: bool = True) -> D
     the probe, and inspect every worker."""
     import vllm
 
-    from declattn.session import DAOptions
+    from declattn.da.options import DAOptions
     from declattn.vllm.offline import offline_env, served_model
     from declattn.vllm.request import build_request
 

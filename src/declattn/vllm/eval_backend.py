@@ -161,8 +161,8 @@ class _Run:
 
     def __init__(self, spec: Any, block_size: int, machine: dict[str, Any],
                  served: Any = None) -> None:
-        from declattn.constrain import VocabCache
-        from declattn.constrain_find import FindVocab
+        from declattn.da.constrain import VocabCache
+        from declattn.da.constrain_find import FindVocab
 
         self.spec = spec
         self.block_size = block_size
@@ -243,10 +243,10 @@ def _prepare(key: str, index: int, arm: str, sample: Any, tok: Any, settings: An
              block_size: int, budget: tuple[int, float] | None, run: _Run) -> _Pending:
     from vllm import SamplingParams
 
+    from declattn.api.session import DASession, PlainSession
     from declattn.eval.arms import DA_ARMS
     from declattn.eval.baselines import StreamingSession
     from declattn.protocol.prompt import render_plain
-    from declattn.session import DASession, PlainSession
     from declattn.vllm.request import session_request
     from declattn.vllm.xargs import StreamingSpec
 
@@ -394,37 +394,3 @@ def _step_reads(log: dict[str, Any] | None) -> list[Any]:
             seconds=None,
         ))
     return out
-
-def run_cli(spec: Any, out_dir: Path, args: Any, judge: Any, con: Any,
-            machine: dict[str, Any]) -> list[dict[str, Any]]:
-    """The ``--backend vllm`` branch of ``declattn eval``."""
-    from declattn.cli.common import UserError
-
-    try:
-        import vllm  # noqa: F401
-    except ImportError as e:
-        raise UserError("--backend vllm needs vLLM 0.32 in this environment (docs/vllm.md; "
-                        "`make test` builds one in .venv-vllm)") from e
-    if judge is not None:
-        raise UserError("--judge-url runs with the engine backend: rerun the same command "
-                        "without --backend vllm once the rows are written (it runs no model "
-                        "for rows already there, it only judges them)")
-    from declattn.vllm.offline import parse_llm_args
-
-    try:
-        check_arms(list(spec.arms))
-        settings = parse_llm_args(args.vllm_arg)
-    except ValueError as e:
-        raise UserError(str(e)) from e
-    if args.dtype is not None:
-        settings.setdefault("dtype", {"bf16": "bfloat16", "fp32": "float32"}[args.dtype])
-    t0 = time.perf_counter()
-    rows = run_eval_vllm(spec, out_dir / "results.jsonl", machine=machine, settings=settings,
-                         on_status=lambda text: con.print(f"[dim]{text}[/]"))
-    con.print(f"vLLM backend: {len(rows)} rows in {time.perf_counter() - t0:.1f} s")
-    flagged = [r for r in rows if (r.get("vllm") or {}).get("reads_restricted") is False
-               and r["arm"] != "da-nm"]
-    if flagged:
-        con.print(f"[bold red]{len(flagged)} DA rows were NOT restricted[/] (see their "
-                  "\"vllm\" field; `declattn doctor` says why)")
-    return rows

@@ -11,10 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from declattn.api.session import DASession
+from declattn.da.options import DAOptions
 from declattn.protocol.layout import Layout
 from declattn.protocol.prompt import RenderedPrompt, render_prompt
 from declattn.protocol.segment import Chunk, segment, token_counter
-from declattn.session import DAOptions, DASession
 from declattn.vllm.xargs import DASpec
 
 ANSWER_CLOSE = "</answer>"
@@ -81,7 +82,8 @@ def session_request(sess: DASession, *, label: str | None = None) -> VllmDAReque
     eval backend keeps the session to count the response as our engine counts it."""
     o = sess.options
     spec = DASpec(layout=sess.layout, line_start=o.line_start, masking=o.masking,
-                  constrain=bool(o.constrain), label=label, focus=o.focus)
+                  constrain=bool(o.constrain), label=label, focus=o.focus,
+                  scaffold_local=o.scaffold_local)
     return VllmDARequest(rendered=sess.prompt, chunks=tuple(sess.chunks), spec=spec)
 
 
@@ -119,5 +121,6 @@ def build_request(
         force=tuple(int(t) for t in force),
         label=label,
         focus=o.focus,
+        scaffold_local=o.scaffold_local,
     )
     return VllmDARequest(rendered=rendered, chunks=tuple(chunks), spec=spec)

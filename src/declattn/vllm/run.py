@@ -8,12 +8,11 @@ our engine would run. What the attention read comes from the patched builder's l
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from declattn.da.options import DAOptions, model_da_defaults
 from declattn.protocol.answer import answer_text
-from declattn.session import DAOptions, model_da_defaults
 from declattn.vllm.offline import (
     DEFAULT_BLOCK_SIZE,
     ServedModel,
@@ -111,52 +110,7 @@ def run_arms(
     return answers
 
 
-def run_cli(args: Any, context: str, question: str) -> int:
-    """The ``--backend vllm`` branch of ``declattn run``."""
-    from declattn.cli.common import UserError, console, focus_options
-
-    try:
-        import vllm  # noqa: F401
-    except ImportError as e:
-        raise UserError(
-            "--backend vllm needs vLLM 0.32 in this environment (docs/vllm.md says how; "
-            "`make test` builds one in .venv-vllm)"
-        ) from e
-    arms: tuple[str, ...] = ("da",)
-    if args.vanilla:
-        arms = ("vanilla",)
-    elif args.no_mask:
-        arms = ("da-nm",)
-    elif args.compare:
-        arms = ("da", "vanilla")
-    dtype = "bfloat16" if args.dtype == "bf16" else "float32"
-    offline_env()
-    served = served_model(args.model)
-    base = dataclasses.replace(model_da_defaults(served.directory), line_start=args.line_start)
-    answers = run_arms(served, context, question, arms, options=focus_options(base, args),
-                       max_tokens=args.max_tokens, dtype=dtype)
-    if args.save:
-        with open(args.save, "w", encoding="utf-8") as f:
-            json.dump([_summary(a) for a in answers], f, indent=1, ensure_ascii=False)
-    if args.json:
-        print(json.dumps([_summary(a) for a in answers], indent=1, ensure_ascii=False))
-        return 0
-    out = console()
-    for a in answers:
-        out.rule(f"{a.arm} response (vLLM)")
-        out.print(a.text, markup=False, soft_wrap=True)
-        out.print(f"[bold]{a.arm} answer:[/] {a.answer or '(no <answer> block)'}  "
-                  f"[dim](finish: {a.finish_reason})[/]")
-        if a.reads:
-            read, full = a.blocks()
-            out.print(f"KV blocks handed to vLLM's kernel over {len(a.reads)} decode steps: "
-                      f"{read:,} of {full:,} ({read / full:.2f}x)")
-        if a.report is not None and a.arm == "da" and not a.report["reads_restricted"]:
-            out.print(f"[bold red]reads were NOT restricted:[/] {a.report}", soft_wrap=True)
-    return 0
-
-
-def _summary(a: VllmAnswer) -> dict[str, Any]:
+def summary(a: VllmAnswer) -> dict[str, Any]:
     read, full = a.blocks()
     return {
         "arm": a.arm,

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from declattn.constrain import VocabCache
-from declattn.constrain_find import FindVocab
+from declattn.da.constrain import VocabCache
+from declattn.da.constrain_find import FindVocab
 from declattn.vllm import support
 from declattn.vllm.streaming import StreamingTracker
 from declattn.vllm.tracker import ReadRecord, RequestTracker, Tracker, chunk_ids_of

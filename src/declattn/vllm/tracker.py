@@ -10,14 +10,16 @@ at a step, the attention metadata builder or the logits processor, brings it up 
 date), turns them into text with the same incremental detokenizer as our engine, and
 feeds the tag reader. So at the step that produces output token ``k`` the scope is the
 reader's state after tokens ``0..k-1``: the one-step lag of our engine (see
-``declattn.replay``).
+``declattn.da.replay``).
 
-A find focus (``<focus find="WORDS">``) is resolved against the chunk texts, which the
-engine core rebuilds by decoding the prompt's chunk spans (exactly the chunk texts: the
-renderer checks that every span decodes to its text). The reader, the phrase finder and
-the constraints are built on the first token, once the runner has handed over the
-prompt's chunk tokens (V1 at admission; V2 copies them from its device buffer with the
-first step's tokens), so admitting a request costs nothing.
+The request's DA state is ``declattn.da.state.DAState``, the class our engine's
+``DASession`` drives: the same reader, finder, constraints and scope rules. A find focus
+(``<focus find="WORDS">``) is resolved against the chunk texts, which the engine core
+rebuilds by decoding the prompt's chunk spans (exactly the chunk texts: the renderer
+checks that every span decodes to its text). The state is built on the first token, once
+the runner has handed over the prompt's chunk tokens (V1 at admission; V2 copies them
+from its device buffer with the first step's tokens), so admitting a request costs
+nothing.
 """
 
 from __future__ import annotations
@@ -30,14 +32,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from declattn.constrain import FocusConstraint, FocusVocab, LogitsConstraint
-from declattn.constrain_find import FindConstraint, FindVocab
+from declattn.api.constrained import constrain
+from declattn.da.constrain import FocusVocab
+from declattn.da.constrain_find import FindVocab
+from declattn.da.scope import Scope
+from declattn.da.state import DAState
 from declattn.engine.detok import Detokenizer
-from declattn.protocol.find import PhraseFinder
 from declattn.protocol.layout import Layout
 from declattn.protocol.tags import TagReader
 from declattn.protocol.template import decode
-from declattn.scope import Scope
 from declattn.vllm.xargs import DASpec
 
 
@@ -172,40 +175,41 @@ class RequestTracker(Tracker):
         self.detok = Detokenizer(tokenizer)
         self.fed = 0
         self.text = ""
-        self.finder: PhraseFinder | None = None
-        self.constraints: list[LogitsConstraint] = []
-        self._reader: TagReader | None = None
+        self._state: DAState | None = None
 
     @property
     def wants_chunks(self) -> bool:
         """Whether the runner should still hand over the prompt's chunk tokens."""
-        return self._reader is None and self.chunk_ids is None
+        return self._state is None and self.chunk_ids is None
 
     def give_chunks(self, chunk_ids: Sequence[Sequence[int]]) -> None:
-        if self._reader is not None:
+        if self._state is not None:
             raise RuntimeError("the chunk tokens came after the request's first token")
         if len(chunk_ids) != self.spec.layout.n_chunks:
             raise ValueError(f"{len(chunk_ids)} chunk spans for {self.spec.layout.n_chunks}")
         self.chunk_ids = chunk_ids
 
     @property
-    def reader(self) -> TagReader:
-        """The tag reader, built (with the phrase finder and the constraints) on first use,
-        as ``DASession`` builds them for our engine."""
-        if self._reader is None:
-            n = self.spec.layout.n_chunks
+    def state(self) -> DAState:
+        """The request's DA state (``declattn.da.state``, the one ``DASession`` drives),
+        built on first use from the chunk texts the prompt's spans decode to."""
+        if self._state is None:
+            spec = self.spec
+            texts = None
             if self.chunk_ids is not None:
-                self.finder = PhraseFinder([decode(self.tokenizer, list(ids))
-                                            for ids in self.chunk_ids])
-            self._reader = TagReader(n, line_start=self.spec.line_start, finder=self.finder)
-            ids_on, find_on = self.spec.constraints()
-            if ids_on and self.vocab is not None:
-                self.constraints.append(FocusConstraint(self.vocab, n))
-            if find_on and self.find_vocab is not None and self.finder is not None:
-                find = FindConstraint(self.find_vocab, self.finder)
-                find.prepare()
-                self.constraints.append(find)
-        return self._reader
+                texts = [decode(self.tokenizer, list(ids)) for ids in self.chunk_ids]
+            ids_on, find_on = spec.constraints()
+            self._state = DAState(
+                spec.layout, texts, line_start=spec.line_start,
+                scaffold_local=spec.scaffold_local, focus_form=spec.focus,
+                focus_vocab=self.vocab if ids_on else None,
+                find_vocab=self.find_vocab if find_on else None,
+            )
+        return self._state
+
+    @property
+    def reader(self) -> TagReader:
+        return self.state.reader
 
     @property
     def n_out(self) -> int:
@@ -217,18 +221,19 @@ class RequestTracker(Tracker):
         return n
 
     def sync(self) -> None:
-        """Feed the tag reader every output token it has not seen."""
-        reader = self.reader
+        """Feed the DA state every output token it has not seen."""
+        state = self.state
         n = self.n_out
         while self.fed < n:
-            text = self.detok.add(int(self.output_ids[self.fed]))
+            token = int(self.output_ids[self.fed])
+            text = self.detok.add(token)
             self.text += text
-            reader.feed(text)
+            state.feed(token, text)
             self.fed += 1
 
     def scope(self) -> Scope:
         self.sync()
-        return Scope(self.spec.layout, self.reader.mode, self.reader.focus_ids)
+        return self.state.scope()
 
     def kept_blocks(self, length: int, block_size: int) -> tuple[int, ...] | None:
         """None also for DA-nm, and for a length that is not this request's next step."""
@@ -255,6 +260,4 @@ class RequestTracker(Tracker):
             out = torch.full_like(row, float("-inf"))
             out[self.spec.force[k]] = 0.0
             return out
-        for constraint in self.constraints:
-            row = constraint.apply(row, self.reader.pending, k)
-        return row
+        return constrain(self.state.constraints, row, self.reader.pending, k)

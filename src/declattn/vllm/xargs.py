@@ -27,10 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from declattn.da.options import FOCUS_FORMS
 from declattn.protocol.layout import Layout, Span
-
-FOCUS_FORMS = ("ids", "find", "both")
-"""As ``session.FOCUS_FORMS`` (this module imports no torch, the session does)."""
 
 PROMPT_LEN = "da_prompt_len"
 SINK = "da_sink"  # [start, end]
@@ -40,12 +38,13 @@ LINE_START = "da_line_start"  # 0 or 1
 MASKING = "da_masking"  # 0 (DA-nm: tags are read, nothing is skipped) or 1
 CONSTRAIN = "da_constrain"  # 0 or 1: the focus-id constraint on the logits
 FOCUS = "da_focus"  # "ids", "find" or "both": which focus constraint(s) da_constrain sets
+SCAFFOLD = "da_scaffold"  # 0 or 1: steps writing protocol text read as local (DAOptions)
 FORCE = "da_force"  # token ids the response must start with (teacher forcing)
 LABEL = "da_label"  # a name for the request in the engine core's read log
 STREAMING = "da_streaming"  # a StreamingLLM request: blocks read per decode step
 
-KEYS = (PROMPT_LEN, SINK, QUESTION, CHUNKS, LINE_START, MASKING, CONSTRAIN, FOCUS, FORCE,
-        LABEL, STREAMING)
+KEYS = (PROMPT_LEN, SINK, QUESTION, CHUNKS, LINE_START, MASKING, CONSTRAIN, FOCUS, SCAFFOLD,
+        FORCE, LABEL, STREAMING)
 
 
 class BadDAArgs(ValueError):
@@ -63,6 +62,7 @@ class DASpec:
     force: tuple[int, ...] = ()
     label: str | None = None
     focus: str = "ids"
+    scaffold_local: bool = False
 
     def __post_init__(self) -> None:
         if self.focus not in FOCUS_FORMS:
@@ -90,6 +90,7 @@ class DASpec:
             MASKING: int(self.masking),
             CONSTRAIN: int(self.constrain),
             FOCUS: self.focus,
+            SCAFFOLD: int(self.scaffold_local),
         }
         if self.force:
             args[FORCE] = list(self.force)
@@ -193,6 +194,7 @@ def parse(extra_args: Mapping[str, Any] | None) -> DASpec | StreamingSpec | None
             force=tuple(_ints(extra_args.get(FORCE, []), FORCE)),
             label=None if label is None else str(label),
             focus=str(extra_args.get(FOCUS, "ids")),
+            scaffold_local=_flag(extra_args, SCAFFOLD, False),
         )
     except BadDAArgs:
         raise

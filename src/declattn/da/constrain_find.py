@@ -22,8 +22,7 @@ character) are never allowed inside a phrase: the detokenizer holds them back, s
 constraint could not see what they add. A phrase character that a tokenizer spells only
 across tokens cannot be written under the constraint.
 
-Like ``constrain.py`` this belongs to the session layer (it masks a tensor); the text
-logic it applies is torch-free apart from ``FindConstraint.apply``.
+Like ``constrain.py`` this is torch-free: ``declattn.api.constrained`` masks the logits.
 """
 
 from __future__ import annotations
@@ -34,12 +33,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-import torch
-from torch import Tensor
+import numpy as np
 
-from declattn.constrain import ConstraintStats, mask_logits, tag_part, token_texts
+from declattn.da.constrain import ConstraintStats, tag_part, token_texts
 from declattn.protocol.find import PhraseFinder, fold
-from declattn.protocol.tags import MAX_FIND_TAG_LEN, MAX_FIND_WORDS
+from declattn.protocol.grammar import MAX_FIND_TAG_LEN, MAX_FIND_WORDS
 
 _HEAD_RE = re.compile(r"<focus[ \t]+find")
 _REFERENCE = '<focus find="the'
@@ -187,7 +185,7 @@ class _Candidates:
     # (group, the phrase it leaves or None for a closing, characters a closing still needs)
     groups: list[tuple[_Group, str | None, int]] = field(default_factory=list)
     longest: int = 0  # the longest tag part over all groups
-    _tensor: Tensor | None = None  # ``ids`` as a long tensor, made on first use
+    _array: np.ndarray | None = None  # ``ids`` as an int64 array, made on first use
 
     def add(self, group: _Group, grown: str | None, finish: int = 0) -> None:
         self.ids.extend(group.ids)
@@ -197,10 +195,10 @@ class _Candidates:
     def fits_all(self, room: int, finder: PhraseFinder) -> bool:
         return self.longest + 2 + finder.longest_word <= room
 
-    def tensor(self) -> Tensor:
-        if self._tensor is None:
-            self._tensor = torch.tensor(self.ids, dtype=torch.long)
-        return self._tensor
+    def array(self) -> np.ndarray:
+        if self._array is None:
+            self._array = np.asarray(self.ids, dtype=np.int64)
+        return self._array
 
     def fitting(self, room: int, parts: Mapping[int, str], finder: PhraseFinder) -> list[int]:
         """The tokens whose tag part, and what must still follow it, fit in ``room``."""
@@ -340,14 +338,14 @@ class FindVocab:
 
     def allowed_index(
         self, pending: str, finder: PhraseFinder, cache: dict[Any, Any]
-    ) -> list[int] | Tensor | None:
-        """``allowed``, as a cached tensor on the usual phrase step (far from the length
+    ) -> list[int] | np.ndarray | None:
+        """``allowed``, as a cached array on the usual phrase step (far from the length
         limit), so a step does not rebuild the index of thousands of ids."""
         state = _find_state(pending)
         if state is not None and state.phase is _Phase.PHRASE:
             found = self._cached(state, finder, cache)
             if found.fits_all(MAX_FIND_TAG_LEN - len(pending), finder):
-                return found.tensor()
+                return found.array()
         return self.allowed(pending, finder, cache)
 
     def allowed(
@@ -391,10 +389,6 @@ class FindConstraint:
         """Token ids that may come next; None outside a find tag."""
         return self.vocab.allowed(pending, self.finder, self._cache)
 
-    def allowed_index(self, pending: str) -> list[int] | Tensor | None:
-        """What ``apply`` masks with: ``allowed``, as a cached tensor on most steps."""
+    def allowed_ids(self, pending: str) -> list[int] | np.ndarray | None:
+        """``allowed``, as a cached array on most steps (what a logits row is masked with)."""
         return self.vocab.allowed_index(pending, self.finder, self._cache)
-
-    def apply(self, logits: Tensor, pending: str, index: int) -> Tensor:
-        """The row to sample from; ``index`` is the output position being chosen."""
-        return mask_logits(logits, self.allowed_index(pending), self.stats, index)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from declattn.accounting import saving
+from declattn.api.session import Session
+from declattn.da.accounting import saving
 from declattn.engine.request import StepRead
 from declattn.protocol.tags import Declaration
-from declattn.session import Session
 
 
 @dataclass(frozen=True)
@@ -63,3 +63,40 @@ class Answer:
     reads: list[StepRead] = field(repr=False, default_factory=list)
     note: str | None = None
     """Why the request ran other than as asked (see ``DAOptions.min_context``)."""
+
+
+@dataclass(frozen=True)
+class PerAnswer:
+    """What a whole DA reply cost against the plain reply to the same question: each
+    figure is DA over plain. This is the saving a user pays for (per answer); the saving
+    per step (``Stats.saving``) compares a DA reply with the same reply read in full.
+
+    ``forwards`` counts model calls (a forced run of tag text is one), ``tokens`` the
+    reply's tokens, ``attended`` the KV positions read summed over every token's query,
+    ``kv_bytes`` the KV bytes gathered, ``seconds`` the decode time."""
+
+    tokens: float
+    forwards: float
+    attended: float
+    kv_bytes: float
+    seconds: float
+
+    @classmethod
+    def of(cls, da: Stats, plain: Stats) -> PerAnswer:
+        def ratio(a: float, b: float) -> float:
+            return a / b if b else float("inf") if a else 1.0
+
+        return cls(
+            tokens=ratio(da.output_tokens, plain.output_tokens),
+            forwards=ratio(da.decode_steps, plain.decode_steps),
+            attended=ratio(da.logical_attended, plain.logical_attended),
+            kv_bytes=ratio(da.bytes_read, plain.bytes_read),
+            seconds=ratio(da.decode_seconds, plain.decode_seconds),
+        )
+
+    def verdict(self) -> str:
+        """One line: which reply was cheaper, in reads and in decode time."""
+        reads = "fewer" if self.attended < 1 else "more"
+        time = "less" if self.seconds < 1 else "more"
+        return (f"per answer, DA read {self.attended:.2f}x the plain answer's attended tokens "
+                f"({reads}) and took {self.seconds:.2f}x its decode time ({time})")

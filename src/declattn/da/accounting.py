@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from declattn.da.scope import StepCount
 from declattn.protocol.modes import Mode
-from declattn.scope import StepCount
 
 _FIELDS = ("logical", "physical", "vanilla_logical", "vanilla_physical")
 

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from declattn.api import Engine
-from declattn.session import DASession, PlainSession
+from declattn.api.session import DASession, PlainSession
 
 CONTEXT = "\n\n".join(
     f"Entry {i}: the harbour master counted {10 + i} boats at the pier on day {i}." * 3

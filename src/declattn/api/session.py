@@ -1,124 +1,36 @@
 """One request, DA or plain: where the protocol (text) and the engine (blocks) meet.
 
-A session is the engine's controller for one sequence. Before each decode step it
-turns the tag reader's state into a scope and hands the engine that scope's blocks;
-after each token it feeds the token's text to the tag reader. It also counts what
-each step attended, with the same ``Accounting`` that ``replay`` uses, so a live run
-and a replay of its transcript give the same figures.
+A session is the engine's controller for one sequence. A DA session drives the request's
+``DAState`` (``declattn.da.state``): before each decode step it hands the engine the
+blocks of the state's scope; after each token it feeds the token's text to the state.
+It also counts what each step attended, with the same ``Accounting`` that ``replay``
+uses, so a live run and a replay of its transcript give the same figures.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from declattn.accounting import Accounting, StepRecord
-from declattn.constrain import FocusConstraint, FocusVocab, LogitsConstraint
-from declattn.constrain_find import FindConstraint, FindVocab
+from declattn.api.constrained import constrain
+from declattn.da.accounting import Accounting, StepRecord
+from declattn.da.constrain import FocusVocab, TokenConstraint
+from declattn.da.constrain_find import FindVocab
+from declattn.da.options import DAOptions
+from declattn.da.runaway import RunawayGuard
+from declattn.da.scope import DEFAULT_BLOCK_SIZE, Scope, StepCount
+from declattn.da.state import DAState
 from declattn.engine.controller import Controller
 from declattn.protocol.answer import answer_of
-from declattn.protocol.find import PhraseFinder
-from declattn.protocol.index import chunk_index
-from declattn.protocol.instruction import DA_INSTRUCTION, FIND_INSTRUCTION, find_instruction
+from declattn.protocol.instruction import PLAIN_INSTRUCTION
 from declattn.protocol.layout import Layout
 from declattn.protocol.modes import Mode
 from declattn.protocol.prompt import RenderedPrompt, render_plain, render_prompt
 from declattn.protocol.segment import Chunk, segment, token_counter
 from declattn.protocol.tags import Declaration, TagReader
-from declattn.runaway import RunawayGuard
-from declattn.scope import DEFAULT_BLOCK_SIZE, Scope, StepCount
 
 if TYPE_CHECKING:
     from torch import Tensor
-
-
-MIN_CONTEXT_CHUNKS = 1.5
-"""The default break-even, in chunks of ``DAOptions.target``: a shorter context runs
-vanilla. Measured on qwen2.5-0.5b (planted facts, 3-5 documents per length, 2026-12-01,
-docs/eval.md "Break-even"): with 2,048-token chunks, DA read more tokens per decode step
-than vanilla at 2K (1.04x with chunk ids; one chunk holds nearly everything, and the DA
-prompt is longer) and fewer from 3K on (0.88x ids, 0.68x find; 0.57x / 0.35x at 16K).
-Below 1.5 chunks a focus keeps two thirds of the context or more, which the
-instruction's tokens outweigh."""
-
-
-@dataclass(frozen=True)
-class DAOptions:
-    """Per-request DA settings. ``masking=False`` is the DA-nm arm (DA prompt, full reads).
-
-    ``constrain``: mask the logits inside a focus declaration so only valid ones can be
-    written; ``None`` lets ``Engine.session`` decide (on for models under 1B parameters),
-    and a session built directly treats it as off. ``runaway``: stop loops and responses
-    that can no longer reach ``<answer>`` (see ``runaway.py``). ``instruction`` opens the
-    final user turn: the demonstration for off-the-shelf models, the brief line for
-    models trained to declare. ``focus``: the focus form the instruction teaches and the
-    constraint guards — ``ids`` (``magic_chunks="K"``, a global survey first), ``find``
-    (``<focus find="WORDS">``: the engine looks the words up in the chunks, no survey) or
-    ``both`` (the find instruction, both constraints); the reader accepts either form
-    whatever is chosen. ``index``: a token budget for an in-context index of the chunks
-    (one line each, in the find instruction); 0 is none. ``min_context``: a context
-    shorter than this many tokens runs vanilla (and says so); ``None`` is
-    ``MIN_CONTEXT_CHUNKS`` times ``target``, 0 never falls back.
-    """
-
-    target: int = 2048
-    cap: int = 2560
-    sink: int = 16
-    line_start: bool = False
-    masking: bool = True
-    style: str = "auto"
-    constrain: bool | None = None
-    runaway: bool = True
-    instruction: str = DA_INSTRUCTION
-    min_context: int | None = None
-    focus: str = "ids"
-    index: int = 0
-
-    def __post_init__(self) -> None:
-        if self.focus not in FOCUS_FORMS:
-            raise ValueError(f"focus must be one of {', '.join(FOCUS_FORMS)}, not {self.focus!r}")
-        if self.index < 0 or (self.min_context is not None and self.min_context < 0):
-            raise ValueError("index and min_context must be >= 0")
-
-    @property
-    def context_floor(self) -> int:
-        """The shortest context that runs DA: ``min_context``, or by default
-        ``MIN_CONTEXT_CHUNKS`` chunks' worth of ``target`` tokens."""
-        if self.min_context is not None:
-            return self.min_context
-        return round(MIN_CONTEXT_CHUNKS * self.target)
-
-    def instruction_for(self, chunks: Sequence[Chunk], tokenizer: Any) -> str:
-        """The instruction this request's prompt opens with: the model's own if it has
-        one, else the one teaching ``focus`` (with the chunk index if asked)."""
-        if self.instruction != DA_INSTRUCTION or self.focus == "ids":
-            return self.instruction
-        if not self.index:
-            return FIND_INSTRUCTION
-        lines = chunk_index([c.text for c in chunks], token_counter(tokenizer), self.index)
-        return find_instruction(lines)
-
-
-FOCUS_FORMS = ("ids", "find", "both")
-
-MODEL_SETTINGS_FILE = "declattn.json"
-"""A model directory's own DA defaults (``{"da": {DAOptions field: value}}``): a model
-trained to declare knows its chunk size and instruction."""
-
-
-def model_da_defaults(directory: Path | None) -> DAOptions:
-    """``DAOptions`` with the fields the model directory's settings file sets."""
-    path = directory / MODEL_SETTINGS_FILE if directory is not None else None
-    if path is None or not path.is_file():
-        return DAOptions()
-    try:
-        raw = json.loads(path.read_text())["da"]
-        return DAOptions(**raw)
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"{path}: bad DA settings ({e})") from e
 
 
 class Session(Controller):
@@ -200,6 +112,25 @@ class PlainSession(Session):
         ``history`` turns of a conversation over the same context, if any)."""
         return cls(render_plain(tokenizer, context, question, history), block_size)
 
+    @classmethod
+    def over_chunks(
+        cls,
+        tokenizer: Any,
+        chunks: Sequence[Chunk],
+        question: str,
+        block_size: int,
+        options: DAOptions,
+        history: Sequence[tuple[str, str]] = (),
+    ) -> PlainSession:
+        """The plain question over the DA prompt's transcript of ``chunks``: the same
+        document turns (so the same prefix, prefilled once for DA and plain alike), then
+        a final turn asking for a plain answer (``PLAIN_INSTRUCTION``), no tags."""
+        prompt = render_prompt(
+            tokenizer, chunks, question, sink=options.sink, style=options.style,
+            instruction=PLAIN_INSTRUCTION, history=history,
+        )
+        return cls(prompt.token_ids, block_size)
+
 
 class DASession(Session):
     """One DA request: chunks, prompt and layout, tag reader, scope, accounting."""
@@ -272,19 +203,29 @@ class DASession(Session):
         self.chunks: list[Chunk] = list(chunks)
         self.prompt: RenderedPrompt = prompt
         super().__init__(prompt.token_ids, block_size)
-        self.finder = PhraseFinder([c.text for c in self.chunks])
-        self.reader = TagReader(len(self.chunks), line_start=o.line_start, finder=self.finder)
+        ids_on = bool(o.constrain) and o.focus in ("ids", "both")
+        find_on = bool(o.constrain) and o.focus in ("find", "both")
+        self.state = DAState(
+            prompt.layout, [c.text for c in self.chunks], line_start=o.line_start,
+            scaffold_local=o.scaffold_local, focus_form=o.focus,
+            focus_vocab=(focus_vocab or FocusVocab.from_tokenizer(tokenizer)) if ids_on else None,
+            find_vocab=(find_vocab or FindVocab.from_tokenizer(tokenizer)) if find_on else None,
+            runaway=RunawayGuard(max_tokens=max_tokens) if o.runaway else None,
+        )
         self.expected_views: list[tuple[int, ...]] = []
         self._last_view: tuple[tuple, tuple[int, ...]] | None = None
-        self.constraints: list[LogitsConstraint] = []
-        if o.constrain and o.focus in ("ids", "both"):
-            vocab = focus_vocab or FocusVocab.from_tokenizer(tokenizer)
-            self.constraints.append(FocusConstraint(vocab, len(self.chunks)))
-        if o.constrain and o.focus in ("find", "both"):
-            find = FindConstraint(find_vocab or FindVocab.from_tokenizer(tokenizer), self.finder)
-            find.prepare()  # its index is built now, not on the first step inside a tag
-            self.constraints.append(find)
-        self.runaway = RunawayGuard(max_tokens=max_tokens) if o.runaway else None
+
+    @property
+    def reader(self) -> TagReader:
+        return self.state.reader
+
+    @property
+    def constraints(self) -> list[TokenConstraint]:
+        return self.state.constraints
+
+    @property
+    def runaway(self) -> RunawayGuard | None:
+        return self.state.runaway
 
     @property
     def layout(self) -> Layout:
@@ -294,7 +235,7 @@ class DASession(Session):
         return self.layout.regions(start, stop)
 
     def scope(self) -> Scope:
-        return Scope(self.layout, self.reader.mode, self.reader.focus_ids)
+        return self.state.scope()
 
     def view(self, length: int) -> Sequence[int] | None:
         """The blocks the next step reads; also records what that step attends."""
@@ -315,31 +256,18 @@ class DASession(Session):
         return blocks
 
     def process_logits(self, logits: Tensor) -> Tensor:
-        """Inside a focus declaration, keep only tokens that lead to a valid one."""
-        for constraint in self.constraints:
-            logits = constraint.apply(logits, self.reader.pending, self.n_tokens)
-        return logits
+        """Inside a declaration, keep only tokens that lead to a valid one."""
+        return constrain(self.state.constraints, logits, self.reader.pending, self.n_tokens)
 
     def on_token(self, token_id: int, text: str) -> str | None:
         super().on_token(token_id, text)
-        for d in self.reader.feed(text):
-            if d.kind == "/answer" and d.accepted:
-                return "answer"
-        if self.runaway is not None:
-            return self.runaway.on_token(token_id, text, self._answer_open())
-        return None
-
-    def _answer_open(self) -> bool:
-        if any(d.kind == "answer" and d.accepted for d in self.reader.declarations):
-            return True
-        pending = self.reader.pending
-        return bool(pending) and (pending.startswith("<answer") or "<answer".startswith(pending))
+        return self.state.feed(token_id, text)
 
     def visible_end(self, finished: bool) -> int:
         """Up to the reader's decided offset: a tag is never shown half written. A
         finished response decides the rest (a dangling candidate is plain text)."""
-        if finished and not self.reader.finished:
-            self.reader.finish()
+        if finished:
+            self.state.finish()
         return self.reader.safe_end
 
     @property

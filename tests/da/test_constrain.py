@@ -12,7 +12,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from declattn.constrain import (
+from declattn.api.constrained import constrain
+from declattn.api.session import DASession
+from declattn.da.constrain import (
     TAG_CHARS,
     FocusConstraint,
     FocusVocab,
@@ -21,8 +23,8 @@ from declattn.constrain import (
     tag_part,
 )
 from declattn.engine.controller import Delegating
-from declattn.protocol.tags import MAX_FOCUS_IDS, MAX_TAG_LEN, TagReader
-from declattn.session import DASession
+from declattn.protocol.grammar import MAX_FOCUS_IDS, MAX_TAG_LEN
+from declattn.protocol.tags import TagReader
 
 if TYPE_CHECKING:
     from declattn.api import Engine
@@ -139,7 +141,7 @@ def test_an_already_broken_tag_leaves_no_candidate() -> None:
 def test_no_chunks_no_candidate_but_the_row_is_never_all_masked() -> None:
     constraint = FocusConstraint(FocusVocab.from_texts(FAKE), n_chunks=0)
     logits = torch.randn(len(FAKE))
-    out = constraint.apply(logits, OPEN, index=6)
+    out = constrain([constraint], logits, OPEN, index=6)
     assert torch.equal(out, logits)
     assert constraint.stats.steps == 1 and constraint.stats.unmasked == 1
 
@@ -149,14 +151,14 @@ def test_mask_keeps_allowed_logits_and_records_a_moved_argmax() -> None:
     logits = torch.zeros(len(FAKE) + 5)  # the model's row may be wider than the vocab
     logits[3] = 100.0  # "9": unknown with 3 chunks
     logits[1] = 5.0  # "2"
-    out = constraint.apply(logits, OPEN, index=6)
+    out = constrain([constraint], logits, OPEN, index=6)
     assert out[3] == float("-inf") and out[1] == 5.0
     assert int(out.argmax()) == 1
     assert torch.isneginf(out[len(FAKE) :]).all()
     assert constraint.stats.changed == [6]
-    same = constraint.apply(out.clone(), OPEN, index=7)  # argmax already allowed
+    same = constrain([constraint], out.clone(), OPEN, index=7)  # argmax already allowed
     assert int(same.argmax()) == 1 and constraint.stats.changed == [6]
-    untouched = constraint.apply(logits, "plain text", index=8)
+    untouched = constrain([constraint], logits, "plain text", index=8)
     assert untouched is logits and constraint.stats.steps == 2
 
 
@@ -164,7 +166,7 @@ def test_all_allowed_logits_at_minus_infinity_leave_the_row_alone() -> None:
     constraint = FocusConstraint(FocusVocab.from_texts(FAKE), n_chunks=3)
     logits = torch.full((len(FAKE),), float("-inf"))
     logits[11] = 1.0  # only "The" is finite
-    out = constraint.apply(logits, OPEN, index=6)
+    out = constrain([constraint], logits, OPEN, index=6)
     assert torch.equal(out, logits) and constraint.stats.unmasked == 1
 
 
@@ -330,8 +332,8 @@ def scripted(engine: Engine) -> tuple[DASession, Script]:
     2. ``</focus>`` and a new ``<focus magic_chunks="`` are forced, and an adversary
        pushes unknown ids and an early ``">`` with a huge logit.
     """
+    from declattn.da.options import DAOptions
     from declattn.engine.sampler import SamplingParams
-    from declattn.session import DAOptions
 
     sess = engine.session(CONTEXT, QUESTION, options=DAOptions(target=24, cap=40, constrain=True))
     assert isinstance(sess, DASession) and len(sess.chunks) == 4
@@ -373,7 +375,7 @@ def test_real_vocab_texts_match_the_detokenizer(engine: Engine) -> None:
 
 @needs_smollm2
 def test_small_models_get_the_constraint_by_default(engine: Engine) -> None:
-    from declattn.session import DAOptions
+    from declattn.da.options import DAOptions
 
     assert engine.n_params < 1_000_000_000
     sess = engine.session(CONTEXT, QUESTION, options=DAOptions(target=24, cap=40))
@@ -406,7 +408,7 @@ def test_real_logits_only_valid_continuations_survive(
     probe = FocusConstraint(sess.constraints[0].vocab, len(sess.chunks))
     pushed = raw.clone()
     pushed[nine] = 1e4
-    out = probe.apply(pushed, OPEN, index=6)
+    out = constrain([probe], pushed, OPEN, index=6)
     assert out[nine] == float("-inf")
     assert engine.tokenizer.decode([int(out.argmax())]) in {"1", "2", "3", "4"}
     assert probe.stats.changed == [6]

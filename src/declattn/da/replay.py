@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from declattn.accounting import Accounting, StepRecord
-from declattn.protocol.find import PhraseFinder
+from declattn.da.accounting import Accounting, StepRecord
+from declattn.da.scope import DEFAULT_BLOCK_SIZE
+from declattn.da.state import DAState
 from declattn.protocol.layout import Layout
 from declattn.protocol.modes import Mode
-from declattn.protocol.tags import Declaration, TagReader
-from declattn.scope import DEFAULT_BLOCK_SIZE, Scope
+from declattn.protocol.tags import Declaration
 
 __all__ = ["Replay", "StepRecord", "replay"]
 
@@ -66,29 +66,24 @@ def replay(
     block_size: int = DEFAULT_BLOCK_SIZE,
     line_start: bool = False,
     chunk_texts: Sequence[str] | None = None,
+    scaffold_local: bool = False,
 ) -> Replay:
     """Replay the output tokens ``token_texts`` of a response to ``layout``'s prompt.
 
     ``chunk_texts`` (one per chunk of ``layout``, in order) lets find declarations
-    resolve as they did live.
+    resolve as they did live; ``line_start`` and ``scaffold_local`` are the request's
+    own settings (``DAOptions``). The state is the live session's own ``DAState``.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
-    finder = None
-    if chunk_texts is not None:
-        if len(chunk_texts) != layout.n_chunks:
-            raise ValueError(
-                f"{len(chunk_texts)} chunk texts for a layout of {layout.n_chunks} chunks"
-            )
-        finder = PhraseFinder(chunk_texts)
-    reader = TagReader(layout.n_chunks, line_start=line_start, finder=finder)
+    state = DAState(layout, chunk_texts, line_start=line_start, scaffold_local=scaffold_local)
     steps: list[StepRecord] = []
     for k, text in enumerate(token_texts):
         if k >= 1:
             length = layout.prompt_len + k
-            scope = Scope(layout, reader.mode, reader.focus_ids)
+            scope = state.scope()
             count = scope.count(length, block_size)
             steps.append(StepRecord.from_count(k, scope.mode, scope.focus_ids, length, count))
-        reader.feed(text)
-    reader.finish()
-    return Replay(steps=steps, declarations=list(reader.declarations), block_size=block_size)
+        state.feed(-1, text)
+    state.finish()
+    return Replay(steps=steps, declarations=list(state.declarations), block_size=block_size)

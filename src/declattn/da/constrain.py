@@ -1,6 +1,6 @@
 """Constrained focus declarations: once a model starts naming chunks, it names valid ones.
 
-Two constraints share the interface ``apply(logits, pending, index)`` (``LogitsConstraint``)
+Two constraints share the interface ``allowed_ids(pending)`` (``TokenConstraint``)
 and the ``ConstraintStats``: ``FocusConstraint`` for ``<focus magic_chunks="K">`` (here) and
 ``FindConstraint`` for ``<focus find="WORDS">`` (``constrain_find.py``). Each leaves the
 logits alone outside its own declaration, so a session may apply either or both.
@@ -27,22 +27,21 @@ accepted: ids are 1..n_chunks with no leading zero, at most ``MAX_FOCUS_IDS`` wr
 closing quote matches the opening one (or there is none), spaces and tabs where the reader
 tolerates them.
 
-This belongs to the session layer: it reads the tag reader's pending text and masks a
-tensor, so it imports both the protocol and torch, and the engine never imports it.
+This is torch-free: it turns the tag reader's pending text into the ids that may come
+next; ``declattn.api.constrained`` masks a logits row with them.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
-import torch
-from torch import Tensor
+import numpy as np
 
-from declattn.protocol.tags import MAX_FOCUS_IDS, MAX_TAG_LEN
+from declattn.protocol.grammar import MAX_FOCUS_IDS, MAX_TAG_LEN
 
 TAG_CHARS = frozenset("0123456789,\"' \t=>")
 """Characters a constrained token's tag part may contain."""
@@ -277,6 +276,15 @@ class ConstraintStats:
     changed: list[int] = field(default_factory=list)
     unmasked: int = 0
 
+    def record(self, index: int, masked: bool, changed: bool) -> None:
+        """One step inside a declaration: masked (or left alone because nothing allowed
+        survived), and whether the mask moved the argmax."""
+        self.steps += 1
+        if not masked:
+            self.unmasked += 1
+        elif changed:
+            self.changed.append(index)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "steps": self.steps,
@@ -285,36 +293,15 @@ class ConstraintStats:
         }
 
 
-class LogitsConstraint(Protocol):
-    """What a session applies to each logits row, given the tag reader's pending text."""
+class TokenConstraint(Protocol):
+    """What a request's logits are restricted to, given the tag reader's pending text:
+    ``allowed`` ids (a list, or an int64 array kept between steps), or ``None`` outside
+    the constraint's declaration. Torch-free: ``declattn.api.constrained`` applies it to
+    a logits row and records what it did in ``stats``."""
 
     stats: ConstraintStats
 
-    def apply(self, logits: Tensor, pending: str, index: int) -> Tensor: ...
-
-
-def mask_logits(
-    logits: Tensor, allowed: list[int] | Tensor | None, stats: ConstraintStats, index: int
-) -> Tensor:
-    """``logits`` with every token outside ``allowed`` (ids, as a list or a long tensor) at
-    -inf; unchanged when ``allowed`` is None (not in a declaration) or would leave no
-    finite logit. Ids past the row (a vocabulary wider than the model's head) are ignored."""
-    if allowed is None:
-        return logits
-    stats.steps += 1
-    idx = torch.as_tensor(allowed, dtype=torch.long).to(logits.device)
-    if idx.numel() and int(idx.max()) >= logits.shape[-1]:
-        idx = idx[idx < logits.shape[-1]]
-    if idx.numel():
-        kept = logits[idx]
-        if not bool(torch.isneginf(kept).all()):
-            out = torch.full_like(logits, float("-inf"))
-            out[idx] = kept
-            if int(torch.argmax(out)) != int(torch.argmax(logits)):
-                stats.changed.append(index)
-            return out
-    stats.unmasked += 1  # never hand the sampler an all -inf row
-    return logits
+    def allowed_ids(self, pending: str) -> Sequence[int] | np.ndarray | None: ...
 
 
 class FocusConstraint:
@@ -325,7 +312,7 @@ class FocusConstraint:
         self.n_chunks = n_chunks
         self.stats = ConstraintStats()
 
-    def apply(self, logits: Tensor, pending: str, index: int) -> Tensor:
-        """The row to sample from; ``index`` is the output position being chosen."""
-        return mask_logits(logits, self.vocab.allowed(pending, self.n_chunks), self.stats, index)
+    def allowed_ids(self, pending: str) -> list[int] | None:
+        """Token ids that may come next; None outside a focus-id declaration."""
+        return self.vocab.allowed(pending, self.n_chunks)
 

@@ -6,15 +6,34 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from declattn.api.results import Answer, Delta
+from declattn.api.session import Session
+from declattn.da.options import DAOptions
 from declattn.engine.sampler import SamplingParams
-from declattn.protocol.segment import segment, token_counter
-from declattn.results import Answer, Delta
-from declattn.session import DAOptions, Session
+from declattn.protocol.segment import Chunk, segment, token_counter
 
-if TYPE_CHECKING:
-    from declattn.api import Engine
+
+class Asker(Protocol):
+    """What a document needs of the engine (``declattn.Engine`` is one): its tokenizer,
+    its DA defaults, a session per question, and a stream that runs one."""
+
+    tokenizer: Any
+
+    def da_options(self, options: DAOptions | None = None) -> DAOptions: ...
+
+    def session(
+        self, context: str, question: str, *, da: bool = True, options: DAOptions | None = None,
+        max_tokens: int | None = None, history: Sequence[tuple[str, str]] = (),
+        chunks: Sequence[Chunk] | None = None, shared_prefix: bool = False,
+    ) -> Session: ...
+
+    def stream(
+        self, sess: Session, params: SamplingParams,
+        on_prefill: Callable[[int, int], None] | None = None,
+        result: list[Answer] | None = None,
+    ) -> Iterator[Delta]: ...
 
 
 def _drain(stream: Iterator[Delta]) -> None:
@@ -30,7 +49,7 @@ class Document:
     prefills the document once and each later question pays only for its own tail.
     """
 
-    def __init__(self, engine: Engine, context: str, options: DAOptions | None = None) -> None:
+    def __init__(self, engine: Asker, context: str, options: DAOptions | None = None) -> None:
         if not context.strip():
             raise ValueError("the context is empty")
         self.engine = engine
@@ -48,11 +67,13 @@ class Document:
         max_tokens: int | None = None,
         history: Sequence[tuple[str, str]] = (),
     ) -> Session:
-        """The session of one question (``masking=False``: DA-nm)."""
+        """The session of one question (``masking=False``: DA-nm). A plain question
+        (``da=False``) is asked over the same chunk transcript, so it shares the
+        document's prefill (``Engine.session``'s ``shared_prefix``)."""
         options = dataclasses.replace(self.options, masking=masking)
         return self.engine.session(
             self.context, question, da=da, options=options, max_tokens=max_tokens,
-            history=history, chunks=self.chunks,
+            history=history, chunks=self.chunks, shared_prefix=not da,
         )
 
     def generate(

@@ -5,26 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from harbour import CONTEXT, QUESTION, TRANSCRIPT
 
 from declattn.api import Engine
+from declattn.da.options import DAOptions
+from declattn.da.replay import replay
 from declattn.engine.controller import Forced
 from declattn.engine.sampler import SamplingParams
 from declattn.protocol.modes import Mode
-from declattn.replay import replay
-from declattn.session import DAOptions
 
-CONTEXT = "\n\n".join(
-    f"Paragraph {i}: the harbour log for day {i} notes calm water, {i * 3} boats and "
-    f"a keeper named Ada who counted gulls from the gallery." * 3
-    for i in range(1, 13)
-)
-QUESTION = "How many boats were in the harbour on day 5?"
-TRANSCRIPT = (
-    "<global>Day 5 should be in chunk 2.</global>\n"
-    '<focus magic_chunks="2">day 5 notes 15 boats</focus>\n'
-    "<local>So the answer is 15.</local>\n"
-    "<answer>15</answer>"
-)
 OPTIONS = DAOptions(target=96, cap=128)
 
 
@@ -127,3 +116,43 @@ def test_answer_api_reports_the_accounting(engine):
     van = engine.answer(CONTEXT, QUESTION, da=False, max_tokens=12)
     assert van.stats.logical_attended == van.stats.vanilla_attended
     assert van.arm == "vanilla" and ans.arm == "da"
+
+
+ECONOMY_TRANSCRIPT = '<focus find="day 5 notes calm water, 15 boats"><answer>15</answer>'
+
+
+def test_scaffold_steps_read_exactly_the_local_blocks(engine):
+    """With the scaffold rule, the steps that write a tag read the local scope's blocks
+    (sink, question window, response) and nothing else; the answer written inside the
+    focus reads the focused chunk; the read counter equals the scope on every step."""
+    options = DAOptions.economy(target=96, cap=128, jump_forward=False)
+    sess, seq, _ = forced_run(engine, ECONOMY_TRANSCRIPT, options)
+    bs = engine.block_size
+    assert len(seq.reads) == len(sess.expected_views) == len(sess.steps)
+    for read, expected in zip(seq.reads, sess.expected_views, strict=True):
+        assert read.blocks == expected and read.layers_agree
+    local = [(st, r) for st, r in zip(sess.steps, seq.reads, strict=True)
+             if st.mode == Mode.LOCAL]
+    assert len(local) >= 5  # the find tag's words, '<answer', '</answer'
+    lay = sess.layout
+    for st, r in local:
+        want = set()
+        for span in (lay.sink, lay.question, type(lay.sink)(lay.prompt_len, st.length)):
+            want |= set(range(span.start // bs, -(-span.end // bs)))
+        want.add((st.length - 1) // bs)
+        assert set(r.blocks) == want
+    answer = [st for st in sess.steps if st.mode == Mode.ANSWER]
+    assert answer and all(st.focus_ids for st in answer)
+    assert sess.answer == "15" and seq.finish_reason == "answer"
+
+
+def test_live_accounting_equals_replay_under_the_scaffold_rule(engine):
+    options = DAOptions.economy(target=96, cap=128, jump_forward=False)
+    sess, seq, _ = forced_run(engine, ECONOMY_TRANSCRIPT, options)
+    texts = [c.text for c in sess.chunks]
+    rep = replay(sess.layout, seq.token_texts, block_size=engine.block_size,
+                 chunk_texts=texts, scaffold_local=True)
+    assert [s.to_dict() for s in rep.steps] == [s.to_dict() for s in sess.steps]
+    plain = replay(sess.layout, seq.token_texts, block_size=engine.block_size,
+                   chunk_texts=texts)
+    assert plain.totals()["logical"] > rep.totals()["logical"]  # the rule reads less

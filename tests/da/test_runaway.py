@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from declattn.runaway import NO_ANSWER, REPEAT, REPEAT_LINES, RunawayConfig, RunawayGuard
+from declattn.da.runaway import NO_ANSWER, REPEAT, REPEAT_LINES, RunawayConfig, RunawayGuard
 
 
 class WordTokens:
@@ -185,7 +185,8 @@ def feed(sess: Any, tokenizer: Any, text: str) -> tuple[str | None, int]:
 
 
 def test_session_stops_a_loop(tokenizer: Any) -> None:
-    from declattn.session import DAOptions, DASession
+    from declattn.api.session import DASession
+    from declattn.da.options import DAOptions
 
     sess = DASession(tokenizer, CONTEXT, "Who kept it?", DAOptions(target=24, cap=40))
     reason, n = feed(sess, tokenizer, "<global>I will look at chunk 1.\n" * 40)
@@ -197,7 +198,8 @@ def test_session_stops_a_loop(tokenizer: Any) -> None:
 
 
 def test_session_stops_without_an_answer_but_not_with_one(tokenizer: Any) -> None:
-    from declattn.session import DAOptions, DASession
+    from declattn.api.session import DASession
+    from declattn.da.options import DAOptions
 
     opts = DAOptions(target=24, cap=40)
     prose = " ".join(f"step{i}" for i in range(200))

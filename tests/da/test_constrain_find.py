@@ -5,20 +5,23 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from declattn.constrain import FocusConstraint, FocusVocab, tag_part
-from declattn.constrain_find import (
+from declattn.api.constrained import constrain
+from declattn.da.constrain import FocusConstraint, FocusVocab, tag_part
+from declattn.da.constrain_find import (
     FindConstraint,
     FindVocab,
     find_piece_ok,
     in_find_declaration,
 )
 from declattn.protocol.find import PhraseFinder
-from declattn.protocol.tags import MAX_FIND_TAG_LEN, MAX_FIND_WORDS, DeclineReason, TagReader
+from declattn.protocol.grammar import MAX_FIND_TAG_LEN, MAX_FIND_WORDS, DeclineReason
+from declattn.protocol.tags import TagReader
 
 CHUNKS = [
     "The bakery on Mill Lane sells rye bread.",
@@ -169,11 +172,11 @@ def test_the_cache_changes_nothing(pending: str) -> None:
     c.prepare()
     assert c.allowed(pending) == VOCAB.allowed(pending, FINDER)
     assert c.allowed(pending) == VOCAB.allowed(pending, FINDER)  # from the cache
-    index = c.allowed_index(pending)  # what apply masks with: a tensor on most steps
+    index = c.allowed_ids(pending)  # what a row is masked with: an array on most steps
     plain = c.allowed(pending)
     assert (index is None) == (plain is None)
     if index is not None and plain is not None:
-        got = index.tolist() if isinstance(index, torch.Tensor) else index
+        got = index.tolist() if isinstance(index, np.ndarray) else index
         assert sorted(got) == sorted(plain)
 
 
@@ -209,12 +212,12 @@ def test_mask_and_stats() -> None:
     logits = torch.zeros(len(FAKE) + 3)
     x, last = FAKE.index("x"), FAKE.index("last")
     logits[x] = 50.0
-    out = c.apply(logits, OPEN, index=4)
+    out = constrain([c], logits, OPEN, index=4)
     assert out[x] == float("-inf") and out[last] == 0.0 and int(out.argmax()) != x
     assert torch.isneginf(out[len(FAKE) :]).all()
     assert c.stats.steps == 1 and c.stats.changed == [4]
-    assert c.apply(logits, "plain", index=5) is logits and c.stats.steps == 1
-    stuck = c.apply(logits, OPEN + "bus", index=6)  # no candidate: the row is left alone
+    assert constrain([c], logits, "plain", index=5) is logits and c.stats.steps == 1
+    stuck = constrain([c], logits, OPEN + "bus", index=6)  # no candidate: the row is left alone
     assert stuck is logits and c.stats.unmasked == 1
 
 
@@ -222,8 +225,8 @@ def test_the_two_constraints_leave_each_other_alone() -> None:
     ids = FocusConstraint(FocusVocab.from_texts(dict(enumerate(FAKE))), n_chunks=3)
     find = FindConstraint(VOCAB, FINDER)
     logits = torch.randn(len(FAKE))
-    assert ids.apply(logits, OPEN + "last", 1) is logits
-    assert find.apply(logits, '<focus magic_chunks="', 1) is logits
+    assert constrain([ids], logits, OPEN + "last", 1) is logits
+    assert constrain([find], logits, '<focus magic_chunks="', 1) is logits
 
 
 # -- the real tokenizer ----------------------------------------------------------------

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from declattn.da.scope import Scope, StepCount
 from declattn.protocol.layout import Layout, Span
 from declattn.protocol.modes import Mode
-from declattn.scope import Scope, StepCount
 
 
 def make_layout() -> Layout:
@@ -202,8 +202,8 @@ def test_no_torch_import() -> None:
     import sys
 
     code = (
-        "import sys; import declattn.scope, declattn.protocol.tags, declattn.accounting, "
-        "declattn.replay, declattn.protocol.find, declattn.protocol.index, "
+        "import sys; import declattn.da.scope, declattn.protocol.tags, declattn.da.accounting, "
+        "declattn.da.replay, declattn.protocol.find, declattn.protocol.index, "
         "declattn.protocol.instruction; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -8,13 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from declattn.accounting import Accounting, StepRecord
+from declattn.da.accounting import Accounting, StepRecord
+from declattn.da.replay import replay
+from declattn.da.scope import Scope, StepCount
 from declattn.protocol.find import PhraseFinder
+from declattn.protocol.grammar import DeclineReason
 from declattn.protocol.layout import Layout, Span
 from declattn.protocol.modes import Mode
-from declattn.protocol.tags import DeclineReason, TagReader
-from declattn.replay import replay
-from declattn.scope import Scope, StepCount
+from declattn.protocol.tags import TagReader
 
 G, F, A, L = Mode.GLOBAL, Mode.FOCUS, Mode.ANSWER, Mode.LOCAL
 
@@ -258,9 +259,8 @@ def test_replay_equals_live_on_a_real_prompt(smol_tokenizer) -> None:
     from declattn.engine.detok import Detokenizer
     from declattn.protocol.instruction import FIND_INSTRUCTION
     from declattn.protocol.prompt import render_prompt
-    from declattn.protocol.segment import segment
+    from declattn.protocol.segment import segment, token_counter
     from declattn.protocol.template import encode_user_text
-    from declattn.session import token_counter
 
     context = "\n\n".join(
         f"Day {i}: the harbour log notes {i * 3} boats and a keeper named Ada." * 3

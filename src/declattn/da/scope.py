@@ -9,7 +9,8 @@ every position from the end of the prompt on):
 
 - GLOBAL: everything;
 - FOCUS: the always-kept parts plus the named chunks;
-- LOCAL and ANSWER: the always-kept parts only.
+- LOCAL and ANSWER: the always-kept parts only; an answer opened inside a focus block
+  also keeps that focus's chunks (``focus_ids``).
 
 DESIGN.md's table says local keeps the whole scaffold; we follow the issue, which says
 sink + question window + response, so text between chunks is not read in local.
@@ -66,7 +67,8 @@ def _check_sizes(length: int, block_size: int) -> None:
 class Scope:
     """What the next decode step may read: ``layout`` under ``mode`` and ``focus_ids``.
 
-    ``focus_ids`` are 1-based chunk ids, non-empty exactly when the mode is FOCUS.
+    ``focus_ids`` are 1-based chunk ids: required in FOCUS, allowed in ANSWER (an answer
+    written inside a focus block), empty otherwise.
     """
 
     layout: Layout
@@ -82,13 +84,16 @@ class Scope:
                 raise ValueError("focus mode needs at least one chunk id")
             if len(set(ids)) != len(ids):
                 raise ValueError(f"duplicate focus ids {ids}")
+        elif ids and self.mode is not Mode.ANSWER:
+            raise ValueError(
+                f"focus ids {ids} given in {self.mode} mode; only focus and answer have ids"
+            )
+        if ids:
             bad = [i for i in ids if not 1 <= i <= self.layout.n_chunks]
             if bad:
                 raise ValueError(
                     f"focus ids {bad} not in the layout (chunks 1..{self.layout.n_chunks})"
                 )
-        elif ids:
-            raise ValueError(f"focus ids {ids} given in {self.mode} mode; only focus has ids")
 
     def kept_spans(self, length: int) -> list[Span]:
         """Token spans read at a step that sees positions ``[0, length)``; sorted, merged."""
@@ -99,8 +104,7 @@ class Scope:
         spans = [lay.sink, lay.question]
         if length > lay.prompt_len:
             spans.append(Span(lay.prompt_len, length))
-        if self.mode is Mode.FOCUS:
-            spans.extend(lay.chunk(i) for i in self.focus_ids)
+        spans.extend(lay.chunk(i) for i in self.focus_ids)  # a focus, or an answer in one
         return _merge([s.clip(length) for s in spans])
 
     def kept_block_ranges(self, length: int, block_size: int = DEFAULT_BLOCK_SIZE) -> list[Span]:

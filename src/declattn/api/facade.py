@@ -20,9 +20,12 @@ from typing import Any
 
 import torch
 
-from declattn.constrain import FocusVocab, VocabCache
-from declattn.constrain_find import FindVocab
-from declattn.document import Chat, Document
+from declattn.api.document import Document
+from declattn.api.results import Answer, Delta, Stats
+from declattn.api.session import DASession, PlainSession, Session
+from declattn.da.constrain import FocusVocab, VocabCache
+from declattn.da.constrain_find import FindVocab
+from declattn.da.options import DAOptions, model_da_defaults
 from declattn.engine.controller import Controller
 from declattn.engine.engine import DEFAULT_PREFILL_CHUNK, PagedEngine
 from declattn.engine.kv import PoolStats, SequenceKeys
@@ -32,9 +35,7 @@ from declattn.engine.request import Request, TokenEvent
 from declattn.engine.sampler import SamplingParams
 from declattn.protocol.messages import NoChunksError, render_messages
 from declattn.protocol.prompt import RenderedPrompt
-from declattn.protocol.segment import Chunk, SegmentError, token_counter
-from declattn.results import Answer, Delta, Stats
-from declattn.session import DAOptions, DASession, PlainSession, Session, model_da_defaults
+from declattn.protocol.segment import Chunk, SegmentError, segment, token_counter
 
 DEFAULT_KV_TOKENS = 160 * 1024
 CONSTRAIN_BELOW_PARAMS = 1_000_000_000
@@ -54,7 +55,7 @@ class Load:
     running: int = 0
 
 
-__all__ = ["Answer", "Chat", "Delta", "Document", "Engine", "Load", "RunVanilla", "Stats"]
+
 
 
 class Engine:
@@ -249,12 +250,16 @@ class Engine:
         max_tokens: int | None = None,
         history: Sequence[tuple[str, str]] = (),
         chunks: Sequence[Chunk] | None = None,
+        shared_prefix: bool = False,
     ) -> Session:
         """The session for one request: DA (masking on or off) or vanilla.
 
         ``max_tokens`` is the response's budget, which the runaway guard needs to tell
         when an answer can no longer fit. ``history``: earlier ``(question, reply)`` turns
         of a conversation over ``context``; ``chunks``: its magic chunks if already cut.
+        ``shared_prefix`` (vanilla only): the plain question over the DA prompt's own
+        transcript of the chunks (``PlainSession.over_chunks``), so it shares the
+        document's prefix, and its prefill, with the DA questions over it.
         """
         if not question.strip():
             raise ValueError("the question is empty")
@@ -282,6 +287,13 @@ class Engine:
             )
         if not context.strip():
             raise ValueError("the context is empty")
+        if shared_prefix:
+            o = self.da_options(options)
+            if chunks is None:
+                chunks = segment(context, token_counter(self.tokenizer), o.target, o.cap)
+            return PlainSession.over_chunks(
+                self.tokenizer, chunks, question, self.block_size, o, history
+            )
         return PlainSession.for_question(
             self.tokenizer, context, question, self.block_size, history
         )

@@ -1,0 +1,120 @@
+"""Per-request DA settings, and a model directory's own defaults for them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from declattn.protocol.index import chunk_index
+from declattn.protocol.instruction import (
+    DA_INSTRUCTION,
+    ECONOMY_INSTRUCTION,
+    FIND_INSTRUCTION,
+    find_instruction,
+)
+from declattn.protocol.segment import Chunk, token_counter
+
+MIN_CONTEXT_CHUNKS = 1.5
+"""The default break-even, in chunks of ``DAOptions.target``: a shorter context runs
+vanilla. Measured on qwen2.5-0.5b (planted facts, 3-5 documents per length, 2026-12-01,
+docs/eval.md "Break-even"): with 2,048-token chunks, DA read more tokens per decode step
+than vanilla at 2K (1.04x with chunk ids; one chunk holds nearly everything, and the DA
+prompt is longer) and fewer from 3K on (0.88x ids, 0.68x find; 0.57x / 0.35x at 16K).
+Below 1.5 chunks a focus keeps two thirds of the context or more, which the
+instruction's tokens outweigh."""
+
+
+@dataclass(frozen=True)
+class DAOptions:
+    """Per-request DA settings. ``masking=False`` is the DA-nm arm (DA prompt, full reads).
+
+    ``constrain``: mask the logits inside a focus declaration so only valid ones can be
+    written; ``None`` lets ``Engine.session`` decide (on for models under 1B parameters),
+    and a session built directly treats it as off. ``runaway``: stop loops and responses
+    that can no longer reach ``<answer>`` (see ``runaway.py``). ``instruction`` opens the
+    final user turn: the demonstration for off-the-shelf models, the brief line for
+    models trained to declare. ``focus``: the focus form the instruction teaches and the
+    constraint guards — ``ids`` (``magic_chunks="K"``, a global survey first), ``find``
+    (``<focus find="WORDS">``: the engine looks the words up in the chunks, no survey) or
+    ``both`` (the find instruction, both constraints); the reader accepts either form
+    whatever is chosen. ``index``: a token budget for an in-context index of the chunks
+    (one line each, in the find instruction); 0 is none. ``min_context``: a context
+    shorter than this many tokens runs vanilla (and says so); ``None`` is
+    ``MIN_CONTEXT_CHUNKS`` times ``target``, 0 never falls back. ``scaffold_local``:
+    steps that write protocol text (a tag, the space between blocks) read only what
+    ``<local>`` reads (``declattn.da.state``). ``jump_forward``: text the protocol fixes
+    (the rest of a tag once it is decided) is appended in one forward instead of one
+    decode step a token (``DAState.forced_text``).
+    """
+
+    target: int = 2048
+    cap: int = 2560
+    sink: int = 16
+    line_start: bool = False
+    masking: bool = True
+    style: str = "auto"
+    constrain: bool | None = None
+    runaway: bool = True
+    instruction: str = DA_INSTRUCTION
+    min_context: int | None = None
+    focus: str = "ids"
+    index: int = 0
+    scaffold_local: bool = False
+    jump_forward: bool = False
+
+    def __post_init__(self) -> None:
+        if self.focus not in FOCUS_FORMS:
+            raise ValueError(f"focus must be one of {', '.join(FOCUS_FORMS)}, not {self.focus!r}")
+        if self.index < 0 or (self.min_context is not None and self.min_context < 0):
+            raise ValueError("index and min_context must be >= 0")
+
+    @classmethod
+    def economy(cls, **changes: Any) -> DAOptions:
+        """The economical protocol (docs/protocol.md): a find focus with the answer
+        written inside it (``ECONOMY_INSTRUCTION``), the find constraint, scaffold steps
+        read as local, and forced tag text appended in one forward."""
+        base: dict[str, Any] = {
+            "focus": "find", "instruction": ECONOMY_INSTRUCTION, "constrain": True,
+            "scaffold_local": True, "jump_forward": True,
+        }
+        return cls(**{**base, **changes})
+
+    @property
+    def context_floor(self) -> int:
+        """The shortest context that runs DA: ``min_context``, or by default
+        ``MIN_CONTEXT_CHUNKS`` chunks' worth of ``target`` tokens."""
+        if self.min_context is not None:
+            return self.min_context
+        return round(MIN_CONTEXT_CHUNKS * self.target)
+
+    def instruction_for(self, chunks: Sequence[Chunk], tokenizer: Any) -> str:
+        """The instruction this request's prompt opens with: the model's own if it has
+        one, else the one teaching ``focus`` (with the chunk index if asked)."""
+        if self.instruction != DA_INSTRUCTION or self.focus == "ids":
+            return self.instruction
+        if not self.index:
+            return FIND_INSTRUCTION
+        lines = chunk_index([c.text for c in chunks], token_counter(tokenizer), self.index)
+        return find_instruction(lines)
+
+
+FOCUS_FORMS = ("ids", "find", "both")
+
+MODEL_SETTINGS_FILE = "declattn.json"
+"""A model directory's own DA defaults (``{"da": {DAOptions field: value}}``): a model
+trained to declare knows its chunk size and instruction."""
+
+
+def model_da_defaults(directory: Path | None) -> DAOptions:
+    """``DAOptions`` with the fields the model directory's settings file sets."""
+    path = directory / MODEL_SETTINGS_FILE if directory is not None else None
+    if path is None or not path.is_file():
+        return DAOptions()
+    try:
+        raw = json.loads(path.read_text())["da"]
+        return DAOptions(**raw)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: bad DA settings ({e})") from e

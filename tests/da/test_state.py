@@ -1,0 +1,115 @@
+"""The DA state machine on its own: the scaffold rule, an answer under a focus, the fixed
+text of a decided tag, and the finish reasons."""
+
+from __future__ import annotations
+
+import pytest
+
+from declattn.da.state import DAState, fixed_continuation
+from declattn.protocol.layout import Layout, Span
+from declattn.protocol.modes import Mode
+
+LAYOUT = Layout(
+    prompt_len=60, sink=Span(0, 4), chunks=(Span(8, 20), Span(20, 32), Span(32, 44)),
+    question=Span(48, 60),
+)
+TEXTS = ["the bakery sells rye bread", "the last train to leeds leaves late",
+         "parking is free after six"]
+
+
+def walk(pieces: list[str], scaffold_local: bool = True) -> list[tuple[str, Mode, tuple]]:
+    """``(text so far, mode read, focus ids read)`` before each piece after the first, as
+    the engine asks: the scope of the step that writes piece k is taken after piece k-1."""
+    state = DAState(LAYOUT, TEXTS, scaffold_local=scaffold_local, focus_form="find")
+    out = []
+    for k, piece in enumerate(pieces):
+        if k:
+            scope = state.scope()
+            out.append((state.text, scope.mode, scope.focus_ids))
+        state.feed(k, piece)
+    return out
+
+
+ECONOMY = ['<focus', ' find', '="', 'last', ' train', '">', '<', 'answer', '>', 'eleven',
+           ' forty', '</', 'answer', '>']
+
+
+def test_tag_text_reads_as_local_and_the_answer_reads_the_focus() -> None:
+    steps = walk(ECONOMY)
+    modes = [(m, ids) for _, m, ids in steps]
+    # writing the find tag: a candidate is pending, so every step reads as local
+    assert modes[:5] == [(Mode.LOCAL, ())] * 5
+    # after the tag closes: the focus (the tag's own '<' for <answer> is written here)
+    assert modes[5] == (Mode.FOCUS, (2,))
+    # '<answer' pending: local again, then the answer reads the focused chunk
+    assert modes[6:8] == [(Mode.LOCAL, ())] * 2
+    assert modes[8:11] == [(Mode.ANSWER, (2,))] * 3
+    assert modes[11:] == [(Mode.LOCAL, ())] * 2  # "</answer" pending
+
+
+def test_without_the_rule_the_same_steps_read_as_the_reader_says() -> None:
+    steps = walk(ECONOMY, scaffold_local=False)
+    assert [m for _, m, _ in steps[:5]] == [Mode.GLOBAL] * 5
+    assert steps[8][1:] == (Mode.ANSWER, (2,))
+
+
+def test_between_blocks_is_scaffold_but_prose_after_a_boundary_is_not() -> None:
+    pieces = ['<global>', 'Chunk', ' two', '</global>', '\n', 'Then', ' more', ' text']
+    steps = walk(pieces)
+    assert [m for _, m, _ in steps] == [
+        Mode.GLOBAL, Mode.GLOBAL, Mode.GLOBAL,  # inside the global block
+        Mode.LOCAL, Mode.LOCAL,  # right after </global>, and after its newline
+        Mode.GLOBAL, Mode.GLOBAL,  # 'Then' was prose: the mode's own scope again
+    ]
+
+
+def test_the_reply_start_is_a_boundary() -> None:
+    steps = walk([' ', '\n', 'Plain', ' prose'])
+    assert [m for _, m, _ in steps] == [Mode.LOCAL, Mode.LOCAL, Mode.GLOBAL]
+
+
+@pytest.mark.parametrize(
+    "pending, mode, heads, fixed",
+    [
+        ("</fo", Mode.FOCUS, (), "cus>"),
+        ("</", Mode.FOCUS, (), "focus>"),  # in a focus the only closer is </focus>
+        ("<an", Mode.FOCUS, (), "swer>"),
+        ("<", Mode.FOCUS, (), None),  # a lone '<' may be a less-than sign
+        ("</", Mode.ANSWER, (), "answer>"),
+        ("<a", Mode.ANSWER, (), None),  # in an answer only </answer> is a tag
+        ("</", Mode.GLOBAL, (), "global>"),
+        ("<f", Mode.GLOBAL, ('<focus find="',), 'ocus find="'),
+        ("<f", Mode.GLOBAL, (), None),  # no focus head taught: nothing fixed
+        ("<focus ", Mode.GLOBAL, ('<focus find="', '<focus magic_chunks="'), None),
+        ('<focus find="last train"', Mode.GLOBAL, (), ">"),
+        ('<focus find="last train', Mode.GLOBAL, (), None),  # the phrase is the model's
+        ('<focus magic_chunks="2,3"', Mode.GLOBAL, (), ">"),
+        ("<l", Mode.GLOBAL, (), "ocal>"),
+        ("</l", Mode.LOCAL, (), "ocal>"),
+        ("</answer>", Mode.ANSWER, (), None),  # complete: nothing left
+    ],
+)
+def test_fixed_continuation(pending, mode, heads, fixed) -> None:
+    assert fixed_continuation(pending, mode, heads) == fixed
+
+
+def test_forced_text_follows_the_reader() -> None:
+    state = DAState(LAYOUT, TEXTS, focus_form="find")
+    state.feed(0, "<f")
+    assert state.forced_text() == 'ocus find="'
+    state.feed(1, 'ocus find="last train"')
+    assert state.forced_text() == ">"
+    state.feed(2, "><an")
+    assert state.mode is Mode.FOCUS and state.forced_text() == "swer>"
+
+
+def test_feed_finishes_at_the_closing_answer() -> None:
+    state = DAState(LAYOUT, TEXTS, focus_form="find")
+    reasons = [state.feed(k, p) for k, p in enumerate(ECONOMY)]
+    assert reasons[:-1] == [None] * (len(ECONOMY) - 1) and reasons[-1] == "answer"
+    assert state.answer_open()
+
+
+def test_chunk_texts_must_match_the_layout() -> None:
+    with pytest.raises(ValueError, match="2 chunk texts for a layout of 3 chunks"):
+        DAState(LAYOUT, TEXTS[:2])
