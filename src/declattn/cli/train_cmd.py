@@ -143,6 +143,8 @@ def run_da_lora(args: argparse.Namespace) -> int:
 
         def on_step(step: int, loss: float, lr: float) -> None:
             bar.update(task, completed=step + 1, loss=loss)
+            if args.threads is None and step % 5 == 4:
+                use_threads(None)  # the machine is shared: follow its idle cores
 
         def on_heldout(step: int, loss: float) -> None:
             bar.update(task, held=f"{loss:.3f}")

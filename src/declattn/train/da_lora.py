@@ -31,7 +31,7 @@ import torch
 from declattn.engine.loader import LoadedModel, load_model
 from declattn.eval.tasks.base import TaskData
 from declattn.protocol.instruction import BRIEF_INSTRUCTION
-from declattn.session import MODEL_SETTINGS_FILE, DAOptions
+from declattn.da.options import MODEL_SETTINGS_FILE, DAOptions
 from declattn.train.lora import LoRASpec, apply_lora, save_adapter, trainable
 from declattn.train.lora_data import SeqExample, encode_case
 from declattn.train.lora_tasks import GENERATORS
@@ -51,18 +51,18 @@ class LoRARun:
 
     base: str = "qwen2.5-0.5b"
     seed: int = 0
-    steps: int = 160
+    steps: int = 100
     batch: int = 4  # sequences per optimiser step
     lr: float = 1e-3
     warmup: int = 10
     floor: float = 0.1
     min_context: int = 1000
-    max_context: int = 4000
+    max_context: int = 3000
     chunk_target: int = 512
     chunk_cap: int = 640
     sink: int = 16
-    heldout: int = 12
-    heldout_every: int = 40
+    heldout: int = 8
+    heldout_every: int = 50
     checkpoint_every: int = 5
     rank: int = 8
     alpha: float = 16.0
@@ -72,7 +72,7 @@ class LoRARun:
         """The protocol settings the trained model is served with."""
         return DAOptions(
             target=self.chunk_target, cap=self.chunk_cap, sink=self.sink,
-            instruction=BRIEF_INSTRUCTION, focus="find",
+            instruction=BRIEF_INSTRUCTION, focus="find", scaffold_local=True,
         )
 
     def lora(self) -> LoRASpec:
@@ -251,7 +251,8 @@ def _finish(out: Path, run: LoRARun, model: Any, loaded: LoadedModel, record: di
     save_adapter(model, loaded.config, run.lora(), out, run.base)
     o = run.options()
     settings = {"da": {"target": o.target, "cap": o.cap, "sink": o.sink, "style": o.style,
-                       "focus": o.focus, "instruction": o.instruction}}
+                       "focus": o.focus, "instruction": o.instruction,
+                       "scaffold_local": o.scaffold_local}}
     (out / MODEL_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
     (out / TRAINING_FILE).write_text(json.dumps(record, indent=1) + "\n")
     (out / CHECKPOINT).unlink(missing_ok=True)

@@ -33,7 +33,7 @@ from declattn.protocol.layout import Layout
 from declattn.protocol.messages import render_messages
 from declattn.protocol.prompt import render_prompt
 from declattn.protocol.segment import segment, token_counter
-from declattn.session import DAOptions
+from declattn.da.options import DAOptions
 from declattn.train.lora_tasks import Case, Question, agentic_tools
 from declattn.train.mask import transcript_mask
 from declattn.train.targets import reply
@@ -99,7 +99,8 @@ def encode_case(
         tokenizer, chunks, asked[0][0].question, sink=options.sink, style=options.style,
         instruction=options.instruction,
     )
-    return _sequence(tokenizer, prompt.token_ids, prompt.layout, texts, asked, block_size)
+    return _sequence(tokenizer, prompt.token_ids, prompt.layout, texts, asked, options,
+                     block_size)
 
 
 def _encode_messages(
@@ -120,14 +121,14 @@ def _encode_messages(
             return None
         if i == turn:
             return _sequence(tokenizer, prompt.token_ids, prompt.layout, texts, [(q, r)],
-                             block_size)
+                             options, block_size)
         messages += [{"role": "user", "content": q.question}, {"role": "assistant", "content": r}]
     return None
 
 
 def _sequence(
     tokenizer: Any, prompt_ids: list[int], layout: Layout, chunk_texts: list[str],
-    asked: Sequence[tuple[Question, str]], block_size: int,
+    asked: Sequence[tuple[Question, str]], options: DAOptions, block_size: int,
 ) -> SeqExample | None:
     turns = [(q, r, ids) for q, r in asked if (ids := _reply_ids(tokenizer, r)) is not None]
     if not turns or turns[0][0] is not asked[0][0]:
@@ -147,7 +148,10 @@ def _sequence(
     input_ids = [*prompt_ids, *out[:-1]]
     p = layout.prompt_len
     labels = [-100] * (p - 1) + [t if k else -100 for t, k in zip(out, learn, strict=True)]
-    mask = transcript_mask(layout, texts, block_size=block_size, chunk_texts=chunk_texts)
+    mask = transcript_mask(
+        layout, texts, block_size=block_size, chunk_texts=chunk_texts,
+        line_start=options.line_start, scaffold_local=options.scaffold_local,
+    )
     return SeqExample(input_ids, labels, mask, layout.question.start, layout,
                       tuple(q.kind for q, _, _ in turns), tuple(r for _, r, _ in turns))
 
