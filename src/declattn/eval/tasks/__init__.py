@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from declattn.eval.sample import Sample
 from declattn.eval.tasks import agentic, compare, niah, planted, qa, variables, words
-from declattn.eval.tasks.base import TaskData
+from declattn.corpora.build import TaskData
 
 __all__ = ["TASKS", "Task", "TaskData", "generate", "resolve_tasks", "turns_of"]
 

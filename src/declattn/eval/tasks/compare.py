@@ -13,7 +13,8 @@ import random
 from dataclasses import dataclass
 
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import TaskData, context_target, haystack
+from declattn.corpora.build import TaskData, haystack
+from declattn.eval.tasks.base import context_target
 
 FAMILY = "twohop"
 

@@ -12,7 +12,8 @@ import random
 import uuid
 
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import TaskData, context_target, depths, haystack, pick_words
+from declattn.corpora.build import TaskData, depths, haystack, pick_words
+from declattn.eval.tasks.base import context_target
 
 FAMILY = "niah"
 DISTRACTORS = 3

@@ -8,9 +8,10 @@ number only") that would compete with the DA instruction.
 
 from __future__ import annotations
 
-from declattn.eval.corpus import planted_document, planted_fact
+from declattn.corpora.build import TaskData
+from declattn.corpora.essays import planted_document, planted_fact
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import PLAIN_SCAFFOLD, TaskData
+from declattn.eval.tasks.base import PLAIN_SCAFFOLD
 
 
 def planted(data: TaskData, length: int, seed: int) -> Sample:

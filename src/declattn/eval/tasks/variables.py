@@ -12,7 +12,8 @@ import random
 import string
 
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import TaskData, context_target, depths, haystack
+from declattn.corpora.build import TaskData, depths, haystack
+from declattn.eval.tasks.base import context_target
 
 FAMILY = "vt"
 HOPS = 4

