@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from declattn.engine.loader import LoadedModel, load_model
 from declattn.corpora.build import TaskData
-from declattn.protocol.instruction import BRIEF_INSTRUCTION
 from declattn.da.options import MODEL_SETTINGS_FILE, DAOptions
+from declattn.engine.loader import LoadedModel, load_model
+from declattn.protocol.instruction import BRIEF_INSTRUCTION
 from declattn.train.lora import LoRASpec, apply_lora, save_adapter, trainable
 from declattn.train.lora_data import SeqExample, encode_case
 from declattn.train.lora_tasks import GENERATORS

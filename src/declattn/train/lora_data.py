@@ -27,13 +27,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from declattn.da.options import DAOptions
 from declattn.engine.detok import Detokenizer
 from declattn.protocol.find import PhraseFinder
 from declattn.protocol.layout import Layout
 from declattn.protocol.messages import render_messages
 from declattn.protocol.prompt import render_prompt
 from declattn.protocol.segment import segment, token_counter
-from declattn.da.options import DAOptions
 from declattn.train.lora_tasks import Case, Question, agentic_tools
 from declattn.train.mask import transcript_mask
 from declattn.train.targets import reply

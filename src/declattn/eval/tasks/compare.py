@@ -12,8 +12,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from declattn.eval.sample import Sample
 from declattn.corpora.build import TaskData, haystack
+from declattn.eval.sample import Sample
 from declattn.eval.tasks.base import context_target
 
 FAMILY = "twohop"

@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 import string
 
-from declattn.eval.sample import Sample
 from declattn.corpora.build import TaskData, TokenCounter, pick_words
+from declattn.eval.sample import Sample
 from declattn.eval.tasks.base import context_target
 
 COMMON = 10
