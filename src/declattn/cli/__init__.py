@@ -12,6 +12,7 @@ from declattn.cli import (
     demo_cmd,
     doctor_cmd,
     eval_cmd,
+    export_cmd,
     models_cmd,
     prompt_cmd,
     replay_cmd,
@@ -36,6 +37,7 @@ _COMMANDS = (
     eval_cmd,
     roofline_cmd,
     train_cmd,
+    export_cmd,
     doctor_cmd,
 )
 
