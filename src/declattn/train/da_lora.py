@@ -51,18 +51,18 @@ class LoRARun:
 
     base: str = "qwen2.5-0.5b"
     seed: int = 0
-    steps: int = 100
+    steps: int = 60
     batch: int = 4  # sequences per optimiser step
-    lr: float = 1e-3
-    warmup: int = 10
+    lr: float = 1.5e-3
+    warmup: int = 6
     floor: float = 0.1
     min_context: int = 1000
-    max_context: int = 3000
+    max_context: int = 2000
     chunk_target: int = 512
     chunk_cap: int = 640
     sink: int = 16
-    heldout: int = 8
-    heldout_every: int = 50
+    heldout: int = 6
+    heldout_every: int = 30
     checkpoint_every: int = 5
     rank: int = 8
     alpha: float = 16.0
