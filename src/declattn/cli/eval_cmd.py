@@ -34,7 +34,9 @@ def add_parser(sub: Any) -> None:
         "--arms",
         default="all",
         help="comma list of vanilla, da-nm, da, da-constrained, da-find, "
-        "da-find-constrained, da-find-index, streaming, quest; or all",
+        "da-find-constrained, da-find-index, streaming, quest, da-model (the model's own "
+        "DA settings: a model trained to declare), da-model-wrong (the same, every focused "
+        "read forced to a chunk without the evidence); or all",
     )
     p.add_argument(
         "--budget-arm", default="da",
