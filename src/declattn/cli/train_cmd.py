@@ -111,6 +111,7 @@ def run_train(args: argparse.Namespace) -> int:
 def run_da_lora(args: argparse.Namespace) -> int:
     import sys
 
+    import torch
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from declattn.engine.registry import MODELS
@@ -143,8 +144,12 @@ def run_da_lora(args: argparse.Namespace) -> int:
 
         def on_step(step: int, loss: float, lr: float) -> None:
             bar.update(task, completed=step + 1, loss=loss)
-            if args.threads is None and step % 5 == 4:
-                use_threads(None)  # the machine is shared: follow its idle cores
+            if step % 5 == 4:
+                if not con.is_terminal:  # a log file gets a line where a bar would move
+                    bar.console.print(f"step {step + 1}/{run.steps}: loss {loss:.4f}, "
+                                      f"lr {lr:.2e}, {torch.get_num_threads()} thread(s)")
+                if args.threads is None:
+                    use_threads(None)  # the machine is shared: follow its idle cores
 
         def on_heldout(step: int, loss: float) -> None:
             bar.update(task, held=f"{loss:.3f}")
