@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,10 +70,21 @@ def _gguf_order(
 
 
 def _merged_tensor(
-    data: np.ndarray, kind: Q, delta: np.ndarray, report: MergeReport, name: str
-) -> np.ndarray:
+    data: np.ndarray, kind: Q, delta: np.ndarray, report: MergeReport, name: str,
+    target: Q | None = None,
+) -> tuple[np.ndarray, Q]:
+    """The merged tensor's data and format: ``kind`` re-rounded (``recode``), or, where
+    ``target`` names another format, the merged weight quantised afresh in it."""
+    from gguf.quants import dequantize, quantize
+
     rows, cols = delta.shape
-    if kind in _FLOATS:
+    if target is not None and target != kind:
+        base = np.asarray(dequantize(data, kind), dtype=np.float32).reshape(rows, cols)
+        out = quantize(base + delta, target)
+        got = np.asarray(dequantize(out, target), dtype=np.float32).reshape(rows, cols) - base
+        changed, codes = rows * cols, rows * cols
+        kind = target
+    elif kind in _FLOATS:
         base = np.asarray(data, dtype=np.float32).reshape(rows, cols)
         new = (base + delta).astype(_FLOATS[kind])
         got = new.astype(np.float32) - base
@@ -93,16 +105,17 @@ def _merged_tensor(
         "kept": float((got.astype(np.float64) * delta).sum()) / max(1e-30, update_sq),
         "error_sq": float(((got - delta).astype(np.float64) ** 2).sum()),
     }
-    return out
+    return out, kind
 
 
 def merge_adapter(
     base: Path, adapter_dir: Path, out: Path, settings: dict | None = None,
-    adapter_sha256: str | None = None,
+    adapter_sha256: str | None = None, formats: Mapping[str, Q] | None = None,
 ) -> MergeReport:
     """Write ``out``: ``base`` with the adapter in ``adapter_dir`` merged (see the module
-    docstring). ``settings`` (``{"da": {...}}``) go into the metadata. The file appears
-    whole or not at all."""
+    docstring). ``settings`` (``{"da": {...}}``) go into the metadata. ``formats``: a
+    format by projection name (``"q_proj": Q.Q8_0``) for adapted matrices to be written
+    in afresh instead of re-rounded in their own. The file appears whole or not at all."""
     import gguf
 
     gg = open_gguf(base)
@@ -142,10 +155,15 @@ def merge_adapter(
                     permuted = np.empty_like(delta)
                     permuted[order] = delta
                     delta = permuted
-                data = _merged_tensor(t.data, Q(t.tensor_type), delta, report, name)
+                proj = name.removesuffix(".weight").rsplit(".", 1)[-1]
+                target = (formats or {}).get(proj)
+                data, kind = _merged_tensor(t.data, Q(t.tensor_type), delta, report, name,
+                                            target)
                 used.add(name)
+            else:
+                kind = Q(t.tensor_type)
             tensors.append(data)
-            writer.add_tensor_info(t.name, data.shape, data.dtype, data.nbytes, t.tensor_type)
+            writer.add_tensor_info(t.name, data.shape, data.dtype, data.nbytes, kind)
         missing = sorted(set(deltas) - used)
         if missing:
             raise ValueError(f"{base}: no tensor for the adapter's {', '.join(missing[:3])}")
