@@ -47,6 +47,19 @@ def add_parser(sub: Any) -> None:
     lo.add_argument("--threads", type=int, default=None, help="torch threads (default: all "
                     "idle cores)")
     lo.set_defaults(func=run_da_lora)
+    rq = s.add_parser(
+        "requant-cost", help="held-out loss of an adapter: as trained, merged into GGUF "
+        "blocks, and the base",
+    )
+    rq.add_argument("--adapter", required=True, help="a directory from train da-lora")
+    rq.add_argument("--heldout", type=int, default=6, help="held-out sequences")
+    rq.add_argument(
+        "--variant", action="append", default=[], metavar="FORMAT:PROJ,PROJ",
+        help="also merge with these projections written afresh in FORMAT (e.g. "
+        "Q8_0:q_proj,k_proj,v_proj,o_proj); repeatable",
+    )
+    rq.add_argument("--threads", type=int, default=None)
+    rq.set_defaults(func=run_requant_cost)
     e = s.add_parser("eval", help="held-out accuracy and reads of a declaring model")
     e.add_argument("--model", required=True, help="a model directory (from train da-tiny)")
     e.add_argument("--samples", type=int, default=200)
@@ -163,6 +176,46 @@ def run_da_lora(args: argparse.Namespace) -> int:
             raise UserError(str(e)) from e
     con.print(f"wrote {out}: {record['seconds']:.0f} s of training, held-out loss "
               f"{record['heldout'][0]['loss']} -> {record['heldout'][-1]['loss']}")
+    return 0
+
+
+def run_requant_cost(args: argparse.Namespace) -> int:
+    from gguf import GGMLQuantizationType
+
+    from declattn.engine.threads import use_threads
+    from declattn.train.da_lora import TRAINING_FILE, LoRARun
+    from declattn.train.requant_cost import requant_cost
+
+    directory = Path(args.adapter)
+    record = directory / TRAINING_FILE
+    run = LoRARun(**json.loads(record.read_text())["run"]) if record.is_file() else LoRARun()
+    formats = []
+    for spec in args.variant:
+        fmt, _, projs = spec.partition(":")
+        try:
+            kind = GGMLQuantizationType[fmt.upper()]
+        except KeyError:
+            raise UserError(f"--variant {spec!r}: unknown GGUF format {fmt!r}") from None
+        if not projs:
+            raise UserError(f"--variant {spec!r}: name the projections after the colon")
+        formats.append(dict.fromkeys(projs.split(","), kind))
+    use_threads(args.threads)
+    con = console()
+    t = Table(title=f"{directory}: held-out loss ({args.heldout} sequences, nats per reply "
+              "token)")
+    for col in ("variant", "loss", "codes changed", "update kept", "relative error"):
+        t.add_column(col, justify="left" if col == "variant" else "right")
+
+    def show(v: Any) -> None:
+        r = v.report or {}
+        con.print(f"{v.name}: {v.loss:.4f}")
+        t.add_row(v.name, f"{v.loss:.4f}",
+                  *(f"{r[k]:.2%}" if k in r else "-" for k in ("codes_changed", "kept")),
+                  f"{r['error']:.2f}" if "error" in r else "-")
+
+    with user_errors():
+        requant_cost(directory, run, args.heldout, formats, show)
+    con.print(t)
     return 0
 
 
