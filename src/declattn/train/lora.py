@@ -165,6 +165,7 @@ def save_adapter(
     out.mkdir(parents=True, exist_ok=True)
     weights = out / ADAPTER_WEIGHTS
     save_file(state, str(weights), metadata={"format": "pt"})
+    weights.chmod(0o644)  # written private; an adapter is not a secret, and it ships
     lc = spec.config()
     body = {**lc.peft_config(), "base_model_name_or_path": base_name, "declattn": asdict(lc)}
     (out / ADAPTER_CONFIG).write_text(json.dumps(body, indent=2) + "\n")
