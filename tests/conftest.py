@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,8 @@ import pytest
 REAL_MODEL_DIRS = {"server", "vllm"}
 REAL_MODEL_MODULES = {
     "bench/test_bench_decode.py",
+    "cli/test_doctor_cmd.py",
+    "bench/test_bench_reuse.py",
     "cli/test_run_cmd.py",
     "cli/test_train_cmd.py",
     "engine/test_loader.py",
@@ -17,7 +22,8 @@ REAL_MODEL_MODULES = {
     "engine/test_registry.py",
     "eval/test_eval_cli.py",
     "show/test_show_browser.py",
-    "test_constrain.py",
+    "da/test_constrain.py",
+    "api/test_jump_forward.py",
     "train/test_da_tiny.py",
     "train/test_trainer.py",
 }
@@ -34,6 +40,32 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         real = rel.parts[0] in REAL_MODEL_DIRS or rel.as_posix() in REAL_MODEL_MODULES
         if real or REAL_MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.model)
+
+
+_KV_DIR = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Engines made outside a test (session and module fixtures) keep their disk tier in
+    a temporary directory too: never in the user's cache."""
+    from declattn.engine.paths import KV_CACHE_DIR_ENV
+
+    config.stash[_KV_DIR] = os.environ[KV_CACHE_DIR_ENV] = tempfile.mkdtemp(prefix="declattn-kv-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if kv_dir := config.stash.get(_KV_DIR, None):
+        shutil.rmtree(kv_dir, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _kv_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch):
+    """The prefix cache's disk tier of every engine a test makes (and of every command a
+    test runs) lives in a directory of its own: never the user's cache, and no test finds
+    the K/V another one left."""
+    from declattn.engine.paths import KV_CACHE_DIR_ENV
+
+    monkeypatch.setenv(KV_CACHE_DIR_ENV, str(tmp_path_factory.mktemp("kv")))
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import pytest
 
 from declattn.api import Engine
 from declattn.api.session import DASession, PlainSession
+from declattn.da.options import DAOptions
 
 CONTEXT = "\n\n".join(
     f"Entry {i}: the harbour master counted {10 + i} boats at the pier on day {i}." * 3
@@ -22,7 +23,8 @@ def engine(random_smol_model) -> Engine:
 
 
 def options(engine: Engine):
-    return dataclasses.replace(engine.da_defaults, target=256, cap=320, constrain=False)
+    return dataclasses.replace(engine.da_defaults, target=256, cap=320, constrain=False,
+                               min_context=0)
 
 
 def test_questions_over_one_document_reuse_its_prefill(engine: Engine) -> None:
@@ -60,3 +62,16 @@ def test_a_context_under_min_context_runs_vanilla_and_says_so(engine: Engine) ->
     assert isinstance(ans.session, PlainSession)
     o = dataclasses.replace(o, min_context=10)
     assert engine.answer(CONTEXT, "How many boats?", options=o, max_tokens=4).arm == "da"
+
+
+def test_by_default_the_gate_weighs_the_whole_reply(engine: Engine) -> None:
+    """No ``min_context``: DA runs where its whole reply is expected to read fewer bytes
+    than the plain reply. The chunk-id protocol's long reply, with a global survey, never
+    does; the economical reply (a find focus, the answer inside it) does."""
+    classic = DAOptions(target=256, cap=320, constrain=False)
+    ans = engine.answer(CONTEXT, "How many boats?", options=classic, max_tokens=4)
+    assert ans.arm == "vanilla" and "expected to read" in (ans.note or "")
+    assert engine.reply_cost(2000, classic).ratio > 1
+    economy = DAOptions.economy(target=256, cap=320, constrain=False)
+    assert engine.reply_cost(2000, economy).run_da
+    assert engine.answer(CONTEXT, "How many boats?", options=economy, max_tokens=4).arm == "da"

@@ -14,7 +14,7 @@ from declattn.engine.controller import Forced
 from declattn.engine.sampler import SamplingParams
 from declattn.protocol.modes import Mode
 
-OPTIONS = DAOptions(target=96, cap=128)
+OPTIONS = DAOptions(target=96, cap=128, min_context=0)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_a_find_focus_reads_exactly_the_chunks_its_phrase_resolves_to(engine):
     """The engine looks the phrase up in the chunk texts when the tag closes; from the
     next step on, the attention reads exactly the scope's blocks for those chunks (read
     counter == scope), and the chunks are the ones whose text holds the phrase."""
-    options = DAOptions(target=96, cap=128, focus="find")
+    options = DAOptions(target=96, cap=128, focus="find", min_context=0)
     sess, seq, _ = forced_run(engine, FIND_TRANSCRIPT, options)
     holding = [c.id for c in sess.chunks if "day 5 notes calm water, 15 boats" in c.text]
     assert holding and len(holding) < len(sess.chunks)
@@ -89,7 +89,8 @@ def test_live_accounting_equals_replay(engine):
 def test_all_global_da_equals_da_without_masking(engine):
     plain = "The harbour log says there were fifteen boats on day five, I think."
     _, seq_da, ctl_da = forced_run(engine, plain)
-    _, seq_nm, ctl_nm = forced_run(engine, plain, DAOptions(target=96, cap=128, masking=False))
+    nm = DAOptions(target=96, cap=128, masking=False, min_context=0)
+    _, seq_nm, ctl_nm = forced_run(engine, plain, nm)
     assert seq_da.output_ids == seq_nm.output_ids
     for a, b in zip(ctl_da.logits, ctl_nm.logits, strict=True):
         assert torch.equal(a, b)
@@ -97,7 +98,8 @@ def test_all_global_da_equals_da_without_masking(engine):
 
 def test_masking_changes_logits_from_the_first_narrow_step_on(engine):
     sess, _, ctl_da = forced_run(engine, TRANSCRIPT)
-    _, _, ctl_nm = forced_run(engine, TRANSCRIPT, DAOptions(target=96, cap=128, masking=False))
+    nm = DAOptions(target=96, cap=128, masking=False, min_context=0)
+    _, _, ctl_nm = forced_run(engine, TRANSCRIPT, nm)
     first = next(i for i, s in enumerate(sess.steps) if s.mode != Mode.GLOBAL)
     pairs = list(zip(sess.steps, ctl_da.logits[1:], ctl_nm.logits[1:], strict=True))
     for _, a, b in pairs[:first]:
@@ -125,7 +127,7 @@ def test_scaffold_steps_read_exactly_the_local_blocks(engine):
     """With the scaffold rule, the steps that write a tag read the local scope's blocks
     (sink, question window, response) and nothing else; the answer written inside the
     focus reads the focused chunk; the read counter equals the scope on every step."""
-    options = DAOptions.economy(target=96, cap=128, jump_forward=False)
+    options = DAOptions.economy(target=96, cap=128, jump_forward=False, min_context=0)
     sess, seq, _ = forced_run(engine, ECONOMY_TRANSCRIPT, options)
     bs = engine.block_size
     assert len(seq.reads) == len(sess.expected_views) == len(sess.steps)
@@ -147,7 +149,7 @@ def test_scaffold_steps_read_exactly_the_local_blocks(engine):
 
 
 def test_live_accounting_equals_replay_under_the_scaffold_rule(engine):
-    options = DAOptions.economy(target=96, cap=128, jump_forward=False)
+    options = DAOptions.economy(target=96, cap=128, jump_forward=False, min_context=0)
     sess, seq, _ = forced_run(engine, ECONOMY_TRANSCRIPT, options)
     texts = [c.text for c in sess.chunks]
     rep = replay(sess.layout, seq.token_texts, block_size=engine.block_size,

@@ -24,17 +24,8 @@ from declattn.bench.transcript import (
 )
 from declattn.cli import main
 from declattn.da.options import DAOptions
-from declattn.engine.threads import suggest_threads
 from declattn.protocol.modes import Mode
 from declattn.protocol.tags import TagReader
-
-
-def test_suggest_threads_leaves_busy_cores_alone():
-    assert suggest_threads(cores=2, load=7.0) == 1
-    assert suggest_threads(cores=2, load=0.2) == 2
-    assert suggest_threads(cores=2, load=1.2) == 1
-    assert suggest_threads(cores=8, load=2.0) == 6
-    assert suggest_threads(cores=1, load=0.0) == 1
 
 
 def test_synthetic_layout_views_narrow_by_mode():

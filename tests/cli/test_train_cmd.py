@@ -67,6 +67,7 @@ def test_demo_uses_a_generated_document_for_a_model_trained_here(
 ) -> None:
     assert main(["demo", "--model", str(trained), "--out", str(tmp_path),
                  "--max-tokens", "24"]) == 0
-    text = capsys.readouterr().out
-    assert "generated paragraphs" in text and "of vanilla's attended tokens" in text
-    assert (tmp_path / "record.json").is_file()
+    text = " ".join(capsys.readouterr().out.split())
+    assert "generated paragraphs" in text and "per step (vs the same reply read in full)" in text
+    assert "question 1: per answer, DA read" in text  # beside the plain answer
+    assert (tmp_path / "record.json").is_file() and (tmp_path / "record.vanilla.json").is_file()

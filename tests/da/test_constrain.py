@@ -335,7 +335,8 @@ def scripted(engine: Engine) -> tuple[DASession, Script]:
     from declattn.da.options import DAOptions
     from declattn.engine.sampler import SamplingParams
 
-    sess = engine.session(CONTEXT, QUESTION, options=DAOptions(target=24, cap=40, constrain=True))
+    o = DAOptions(target=24, cap=40, constrain=True, min_context=0)
+    sess = engine.session(CONTEXT, QUESTION, options=o)
     assert isinstance(sess, DASession) and len(sess.chunks) == 4
     enc = engine.tokenizer.encode
     bias = {token(engine, t): 1e4 for t in PUSHED}
@@ -378,13 +379,15 @@ def test_small_models_get_the_constraint_by_default(engine: Engine) -> None:
     from declattn.da.options import DAOptions
 
     assert engine.n_params < 1_000_000_000
-    sess = engine.session(CONTEXT, QUESTION, options=DAOptions(target=24, cap=40))
+    sess = engine.session(CONTEXT, QUESTION, options=DAOptions(target=24, cap=40, min_context=0))
     assert isinstance(sess, DASession)
     assert sess.options.constrain is True and len(sess.constraints) == 1
     assert sess.constraints[0].vocab is engine.focus_vocabs.get(engine.tokenizer)
-    off = engine.session(CONTEXT, QUESTION, options=DAOptions(target=24, cap=40, constrain=False))
+    o = DAOptions(target=24, cap=40, constrain=False, min_context=0)
+    off = engine.session(CONTEXT, QUESTION, options=o)
     assert isinstance(off, DASession) and not off.constraints
-    budget = engine.session(CONTEXT, QUESTION, options=DAOptions(target=24, cap=40), max_tokens=64)
+    o = DAOptions(target=24, cap=40, min_context=0)
+    budget = engine.session(CONTEXT, QUESTION, options=o, max_tokens=64)
     assert isinstance(budget, DASession) and budget.runaway is not None
     assert budget.runaway.max_tokens == 64
 

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 import torch
 
 from declattn.engine.kv import KVCache, KVConfig
-from declattn.engine.paged import PagedAttention, SeqStep
+from declattn.engine.paged import PagedAttention
 from declattn.engine.reads import ReadCounter
+from declattn.engine.seq_step import SeqStep
 
 HEAD_DIM = 16
 SCALE = HEAD_DIM**-0.5

@@ -12,7 +12,6 @@ from declattn.engine.dense import DenseAttention
 from declattn.engine.engine import PagedEngine
 from declattn.engine.kv import PoolExhausted
 from declattn.engine.models import Decoder
-from declattn.engine.runs import PlanCarry
 from declattn.engine.sampler import SamplingParams
 
 
@@ -95,7 +94,7 @@ def test_eos_finishes():
     ids = prompt(30, 4)
     full = run_one(make_engine(model), ids, SamplingParams(max_tokens=10, ignore_eos=True))
     engine = make_engine(model)
-    engine._eos = {full.output_ids[3]}
+    engine.acceptor.eos = {full.output_ids[3]}
     seq = run_one(engine, ids, SamplingParams(max_tokens=10))
     assert seq.finish_reason == "eos"
     assert seq.output_ids == full.output_ids[: full.output_ids.index(full.output_ids[3]) + 1]
@@ -123,42 +122,6 @@ def test_view_restricts_what_decode_reads_and_counter_proves_it():
     full = run_one(make_engine(model), ids, SamplingParams(max_tokens=8, ignore_eos=True))
     assert seq.output_ids[0] == full.output_ids[0]  # token 0 comes from the full prefill
     assert sum(r.global_bytes for r in seq.reads) < 0.35 * sum(r.global_bytes for r in full.reads)
-
-
-class _Counting(PlanCarry):
-    """Counts the plans grown; ``fresh`` never grows one (every step plans afresh)."""
-
-    def __init__(self, fresh: bool = False) -> None:
-        super().__init__()
-        self.fresh, self.n_grown = fresh, 0
-
-    def grown(self, *args, **kwargs):
-        plan = None if self.fresh else super().grown(*args, **kwargs)
-        self.n_grown += plan is not None
-        return plan
-
-
-def test_carried_plans_read_what_fresh_plans_read():
-    """Views that change mid-block and across blocks (a new list each step): with plans
-    carried from step to step, every step reads and produces what planning afresh gives,
-    and a finished sequence leaves no plan behind."""
-    model = tiny_model(seed=5)
-    ids = prompt(150, 4)
-
-    class Shifting(Controller):
-        def view(self, length):
-            last = (length - 1) // 16
-            return sorted({0, 2 + (length // 5) % 3, last})
-
-    runs = []
-    for fresh in (False, True):
-        engine = make_engine(model)
-        engine._carry = carry = _Counting(fresh)
-        seq = run_one(engine, ids, SamplingParams(max_tokens=40, ignore_eos=True), Shifting(ids))
-        runs.append((seq.output_ids, [(r.blocks, r.global_bytes) for r in seq.reads]))
-        assert len(carry) == 0  # dropped with the finished sequence's blocks
-        assert (carry.n_grown > 20) != fresh
-    assert runs[0] == runs[1]
 
 
 def test_pool_exhaustion_is_clear_and_corrupts_nothing():

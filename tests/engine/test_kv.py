@@ -169,13 +169,16 @@ def test_slots_follow_the_block_table_and_write_stores_rows() -> None:
     assert torch.count_nonzero(cache.k[0]) == 0
 
 
+@pytest.mark.parametrize("slots", [slice(5, 8), torch.tensor([5, 6, 7]), torch.tensor([7, 1, 4])],
+                         ids=["slice", "consecutive", "apart"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_consecutive_rows_stored_natively_equal_the_torch_copy(dtype) -> None:
-    """``write`` of a slice goes through ``store_rows`` (kv_store.cpp) on CPU; the pools
-    must hold what the torch copy stores, the rows of a strided ``v`` (a view of a
-    merged projection's output, as the layer runner passes it) included."""
+def test_rows_stored_natively_equal_the_torch_copy(dtype, slots) -> None:
+    """``write`` goes through ``store_rows`` (kv_store.cpp) on CPU, rows consecutive or
+    apart (a batch's new tokens, each in its sequence's block); the pools must hold what
+    the torch copy stores, the rows of a strided ``v`` (a view of a merged projection's
+    output, as the layer runner passes it) included."""
     if native.store_op() is None:
-        pytest.skip("no C++ compiler")
+        pytest.skip("no native extension")
     caches = {}
     g = torch.Generator().manual_seed(0)
     k = torch.randn(3, 2, 8, generator=g).to(dtype)
@@ -184,24 +187,30 @@ def test_consecutive_rows_stored_natively_equal_the_torch_copy(dtype) -> None:
         cache = caches[way] = KVCache(KVConfig(2, 2, 8, 8, 4, dtype=dtype))
         if way == "torch":
             cache._store = None
-        cache.write(1, slice(5, 8), k, v)
+        cache.write(1, slots, k, v)
     assert caches["native"]._store is not None
     for pools in ("k", "v"):
         native_pool, torch_pool = getattr(caches["native"], pools), getattr(caches["torch"], pools)
         assert all(torch.equal(a, b) for a, b in zip(native_pool, torch_pool, strict=True))
-    assert torch.equal(caches["native"].v[1][:, 5:8].transpose(0, 1), v)
+    rows = slots if isinstance(slots, torch.Tensor) else torch.arange(5, 8)
+    assert torch.equal(caches["native"].v[1][:, rows].transpose(0, 1), v)
 
 
 def test_store_rows_refuses_what_does_not_fit_its_pool() -> None:
     op = native.store_op()
     if op is None:
-        pytest.skip("no C++ compiler")
+        pytest.skip("no native extension")
     kp, vp = torch.zeros(2, 8, 4), torch.zeros(2, 8, 4)
     k = torch.ones(3, 2, 4)
-    with pytest.raises(RuntimeError, match=r"rows \[6, 9\) outside the pool's 8"):
-        op(kp, vp, k, k, 6)
+    rows = torch.tensor([5, 6, 7])
+    with pytest.raises(RuntimeError, match="row 8 outside the pool's 8"):
+        op(kp, vp, k, k, torch.tensor([6, 7, 8]))
+    with pytest.raises(RuntimeError, match="one per new token"):
+        op(kp, vp, k, k, torch.tensor([6, 7]))
+    with pytest.raises(RuntimeError, match="one per new token"):
+        op(kp, vp, k, k, rows.int())
     with pytest.raises(RuntimeError, match="differs from its pool in dtype"):
-        op(kp, vp, k.bfloat16(), k, 0)
+        op(kp, vp, k.bfloat16(), k, rows)
     with pytest.raises(RuntimeError, match=r"must be \[T, Hkv, D\]"):
-        op(kp, vp, torch.ones(3, 1, 4), k, 0)
+        op(kp, vp, torch.ones(3, 1, 4), k, rows)
     assert torch.count_nonzero(kp) == 0 and torch.count_nonzero(vp) == 0  # nothing written

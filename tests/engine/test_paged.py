@@ -22,8 +22,9 @@ from paged_world import (
     random_view,
 )
 
-from declattn.engine.paged import PagedAttention, SeqStep
+from declattn.engine.paged import PagedAttention
 from declattn.engine.reads import ReadCounter
+from declattn.engine.seq_step import SeqStep
 
 
 @pytest.mark.parametrize(("n_heads", "n_kv"), GQA)
@@ -199,7 +200,7 @@ def test_decode_reads_are_what_the_layer_calls_read(kernel: str) -> None:
     """``decode_reads`` hands a native layer runner the pools, the new rows and the runs the
     per-layer calls use: the kernel over them gives those calls' output exactly, and its
     ``record`` counts what they count. Only a pure decode step on the native kernels gets
-    one."""
+    one; a prefill step gets ``None``, a decode step it cannot plan the reason."""
     from declattn.engine.native import decode_op
 
     world = make_world(4, 2, windows=(None, 6))
@@ -208,13 +209,15 @@ def test_decode_reads_are_what_the_layer_calls_read(kernel: str) -> None:
     world.cache.allocate(2, 21)
     step = [SeqStep(1, 37, 1, [0, 3, 9])]
     if kernel == "torch":
-        assert PagedAttention(world.cache, step).decode_reads(world.windows) is None
+        reason = PagedAttention(world.cache, step).decode_reads(world.windows)
+        assert reason == "decode attention on the torch kernel"
         return
     counters = ReadCounter(), ReadCounter()
     by_layers = PagedAttention(world.cache, step, counters[0])
     planned = PagedAttention(world.cache, step, counters[1])
     reads = planned.decode_reads(world.windows)
-    assert reads is not None and reads.row == int(world.cache.slots(1, 37, 38)[0])
+    assert not isinstance(reads, str | None)
+    assert torch.equal(reads.rows, world.cache.slots(1, 37, 38))
     for layer, window in enumerate(world.windows):
         q = world.rand(1, 4, HEAD_DIM)
         k, v = world.rand(1, 2, HEAD_DIM), world.rand(1, 2, HEAD_DIM)
@@ -227,10 +230,14 @@ def test_decode_reads_are_what_the_layer_calls_read(kernel: str) -> None:
     assert counters[1].blocks_read(0, 1, 0) == (0, 3, 9)
     assert counters[1].total_bytes(sliding=True) > 0
 
-    def no_reads(steps: list[SeqStep]) -> bool:
-        return PagedAttention(world.cache, steps).decode_reads(world.windows) is None
+    def reads_of(steps: list[SeqStep]):
+        return PagedAttention(world.cache, steps).decode_reads(world.windows)
 
-    assert no_reads([SeqStep(1, 30, 8, None)])  # a prefill row
-    assert no_reads([SeqStep(1, 37, 1, None, select=lambda layer, q: None)])
-    assert no_reads([SeqStep(1, 37, 1, None), SeqStep(2, 20, 1, None)])  # rows apart
-    assert PagedAttention(world.cache, step).decode_reads([None]) is None  # not every layer
+    assert reads_of([SeqStep(1, 30, 8, None)]) is None  # a prefill row
+    selecting = reads_of([SeqStep(1, 37, 1, None, select=lambda layer, q: None)])
+    assert selecting == "query-aware selection (a layer's blocks depend on its query)"
+    apart = reads_of([SeqStep(1, 37, 1, None), SeqStep(2, 20, 1, None)])  # rows apart
+    assert torch.equal(apart.rows, torch.cat([world.cache.slots(1, 37, 38),
+                                              world.cache.slots(2, 20, 21)]))
+    with pytest.raises(ValueError, match="1 windows for 2 layers"):
+        PagedAttention(world.cache, step).decode_reads([None])

@@ -1,10 +1,12 @@
-"""The flat run of a GGUF model's layers for short steps equals the module path bit for bit.
+"""The ``stack`` decode route (a GGUF model's decode step in one native call) equals the
+module path bit for bit, and a decode step it cannot take is named and counted.
 
 ``GGUFDecodeLayers`` re-does what the modules do without the module tree; an op left out
 (a bias, a q/k norm, a sandwich norm), one taken in another dtype, a rotation with the
-wrong table (a sliding layer's), or a layer given another layer's keys changes the logits.
-So each family's tiny model, its projections in GGUF blocks, runs both ways, and the
-engine decodes under a DA view both ways with the same reads recorded.
+wrong table (a sliding layer's), a layer given another layer's keys, or a new row stored
+in another sequence's block changes the logits or the pools. So each family's tiny model,
+its projections in GGUF blocks, decodes under a DA view both ways with the same reads
+recorded, one sequence and several at once.
 """
 
 from __future__ import annotations
@@ -20,12 +22,14 @@ from declattn.engine.controller import Controller
 from declattn.engine.dense import DenseAttention
 from declattn.engine.engine import PagedEngine
 from declattn.engine.models import Decoder, ModelConfig
+from declattn.engine.models.decoder import DecodeRoute
 from declattn.engine.models.layers import MLP, Attention
-from declattn.engine.paged import PagedAttention
+from declattn.engine.paged import PagedAttention, SeqStep
 from declattn.engine.quant import kernel, linear
 from declattn.engine.quant.decode_layers import GGUFDecodeLayers
 from declattn.engine.quant.fuse import fuse_gguf_projections
-from declattn.engine.quant.linear import GEMM_ROWS, GGUFLinear
+from declattn.engine.quant.linear import GGUFLinear
+from declattn.engine.route import choose_route
 from declattn.engine.sampler import SamplingParams
 
 Q = GGMLQuantizationType
@@ -64,111 +68,13 @@ def gguf_model(family: str, dtype: torch.dtype) -> Decoder:
             m.gate_proj = _as_gguf(m.gate_proj, Q.Q5_0)
             m.up_proj, m.down_proj = _as_gguf(m.up_proj, Q.Q8_0), _as_gguf(m.down_proj, Q.Q8_0)
     fuse_gguf_projections(model)
-    assert isinstance(model.layer_runner, GGUFDecodeLayers)
+    route = choose_route(model)
+    assert route.kind == "stack" and isinstance(route.runner, GGUFDecodeLayers), route.why
     return model
 
 
-def _logits_both_ways(model: Decoder, tokens: list[int], decode: int) -> list[tuple]:
-    """A prefill of ``tokens`` then ``decode`` one-token steps, with and without the runner
-    (each its own KV), the logits of every step side by side."""
-    runner = model.layer_runner
-    taken: list[bool] = []
-
-    def counted(*args):
-        done = runner(*args)
-        taken.append(done is not None)
-        return done
-
-    out = []
-    kv = {True: DenseAttention(), False: DenseAttention()}
-    with torch.inference_mode():
-        feed, start = torch.tensor(tokens), 0
-        for _ in range(decode + 1):
-            pos = torch.arange(start, start + len(feed))
-            step = {}
-            for use in (True, False):
-                model.use_layer_runner(counted if use else None)
-                step[use] = model.logits(model(feed, pos, kv[use]))
-            out.append((step[True], step[False]))
-            start += len(feed)
-            feed = step[False][-1:].argmax(-1)
-    model.use_layer_runner(runner)
-    assert taken == [True] * (decode + 1), "the runner did not take every step"
-    return out
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("family", FAMILIES)
-def test_runner_equals_the_modules_bit_for_bit(family, dtype):
-    model = gguf_model(family, dtype)
-    steps = _logits_both_ways(model, ids(12, 1), decode=4)  # 12 < GEMM_ROWS: runner too
-    assert steps[0][0].std() > 0.1, "logits too flat for equality to mean anything"
-    for got, want in steps:
-        assert torch.equal(got, want)
-
-
-def test_runner_declines_what_it_does_not_compute_as_the_modules_do(monkeypatch):
-    model = gguf_model("qwen2", torch.bfloat16)
-    runner = model.layer_runner
-    c = model.config
-    h = torch.randn(1, c.hidden_size, dtype=torch.bfloat16)
-    rope = model._rotary_global.cos_sin(torch.tensor([0]))
-    with torch.inference_mode():
-        assert runner(h, rope, rope, DenseAttention()) is not None
-        long = torch.randn(GEMM_ROWS, c.hidden_size, dtype=torch.bfloat16)
-        assert runner(long, rope, rope, DenseAttention()) is None  # the GEMM way
-        assert runner(h.float(), rope, rope, DenseAttention()) is None  # another dtype
-        monkeypatch.setattr(linear, "GEMM_ROWS", 1)  # GGUFLinear reads it per call too
-        assert runner(h, rope, rope, DenseAttention()) is None
-        monkeypatch.undo()
-    assert runner(h, rope, rope, DenseAttention()) is None  # a gradient could be wanted
-
-
-def test_a_model_not_all_gguf_gets_no_runner():
-    model = gguf_model("llama", torch.float32)
-    model.layers[1].mlp.down_proj = torch.nn.Linear(128, 64)
-    assert GGUFDecodeLayers.of(model) is None
-    fuse_gguf_projections(model)  # merging again sets the runner afresh: none here
-    assert model.layer_runner is None
-
-
-def test_a_layer_whose_norms_differ_in_form_gets_no_runner():
-    """The layer ops take one eps and one form per layer (as every family builds its
-    norms); a layer that breaks that runs the modules rather than a wrong norm."""
-    model = gguf_model("qwen2", torch.bfloat16)
-    assert GGUFDecodeLayers.of(model) is not None
-    model.layers[1].mlp_norm.eps = model.layers[1].attn_norm.eps * 10
-    assert GGUFDecodeLayers.of(model) is None
-
-
-def test_engine_decodes_a_view_alike_both_ways_and_counts_the_same_reads():
-    """The paged path: keys written to the pool, a DA view planned into runs, the counter
-    fed; greedy tokens, each step's blocks and bytes equal with and without the runner."""
-    model = gguf_model("qwen2", torch.bfloat16)
-    tokens = ids(100, 2)
-
-    class Narrow(Controller):
-        def view(self, length):
-            return sorted({0, 2, (length - 1) // 16})
-
-    def run(use: bool):
-        model.use_layer_runner(GGUFDecodeLayers.of(model) if use else None)
-        engine = PagedEngine(model, Tok(), num_blocks=64, block_size=16, prefill_chunk=64)
-        seq = engine.add(Narrow(tokens), SamplingParams(max_tokens=6, ignore_eos=True))
-        for _ in engine.run(seq):
-            pass
-        return seq
-
-    fast, slow = run(True), run(False)
-    assert fast.output_ids == slow.output_ids
-    assert [(r.blocks, r.global_bytes) for r in fast.reads] == [
-        (r.blocks, r.global_bytes) for r in slow.reads
-    ]
-    assert fast.reads[-1].blocks == (0, 2, 6)
-
-
 class _CountedStack:
-    """The runner's ``DecodeStack`` with its calls counted."""
+    """A runner's ``DecodeStack`` with its calls counted."""
 
     def __init__(self, stack) -> None:
         self.stack, self.calls = stack, 0
@@ -178,46 +84,152 @@ class _CountedStack:
         return self.stack.run(*args)
 
 
+class Narrow(Controller):
+    def view(self, length):
+        return sorted({1, (length - 1) // 16})
+
+
+def _decode(model: Decoder, way: str, prompts: list[list[int]], controller=Narrow,
+            max_tokens: int = 5):
+    """Greedy decoding of ``prompts`` together on ``way`` (``stack``: the route
+    ``choose_route`` gives; ``modules``: none): tokens, reads, final pools, stack calls,
+    and the route (its ``missed`` counts)."""
+    route = choose_route(model)
+    counted = route.runner._stack = _CountedStack(route.runner._stack)
+    model.use_route(route if way == "stack" else DecodeRoute())
+    engine = PagedEngine(model, Tok(), num_blocks=48, block_size=16, prefill_chunk=64)
+    seqs = [engine.add(controller(p), SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+            for p in prompts]
+    while engine.has_work:
+        engine.step()
+    reads = [[(r.blocks, r.global_bytes, r.sliding_bytes) for r in s.reads] for s in seqs]
+    pools = [p.clone() for p in engine.cache.k + engine.cache.v]
+    return [s.output_ids for s in seqs], reads, pools, counted.calls, route
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_one_call_per_step_equals_layer_by_layer_and_the_modules(family, monkeypatch):
-    """A pure decode step through ``DecodeStack`` (one native call for every layer) stores
-    the same keys and values, picks the same tokens and records the same reads as the
-    runner layer by layer and as the modules, bit for bit; gemma3 has sliding layers."""
-    model = gguf_model(family, torch.bfloat16)
+def test_the_stack_equals_the_modules_bit_for_bit(family, dtype):
+    """A pure decode step through ``DecodeStack`` stores the same keys and values, picks
+    the same tokens and records the same reads as the modules, bit for bit; gemma3 has
+    sliding layers. Every decode step after the prefill's first token takes the stack."""
+    model = gguf_model(family, dtype)
     tokens = ids(70, 3)
+    stack, modules = _decode(model, "stack", [tokens]), _decode(model, "modules", [tokens])
+    assert stack[3] == 4 and modules[3] == 0 and not stack[4].missed
+    assert stack[0] == modules[0] and stack[1] == modules[1]
+    assert all(torch.equal(a, b) for a, b in zip(stack[2], modules[2], strict=True))
+    assert stack[1][0][-1][0] == (1, (len(tokens) + 4 - 1) // 16)
 
-    class Narrow(Controller):
-        def view(self, length):
-            return sorted({1, (length - 1) // 16})
 
-    def run(way: str):
-        runner = GGUFDecodeLayers.of(model)
-        counted = _CountedStack(runner._stack)
-        runner._stack = counted
-        model.use_layer_runner(None if way == "modules" else runner)
-        with monkeypatch.context() as m:
-            if way == "layers":
-                m.setattr(PagedAttention, "decode_reads", lambda self, windows: None)
-            engine = PagedEngine(model, Tok(), num_blocks=32, block_size=16, prefill_chunk=64)
-            seq = engine.add(Narrow(tokens), SamplingParams(max_tokens=5, ignore_eos=True))
-            for _ in engine.run(seq):
-                pass
-        reads = [(r.blocks, r.global_bytes, r.sliding_bytes) for r in seq.reads]
-        pools = [p.clone() for p in engine.cache.k + engine.cache.v]
-        return seq.output_ids, reads, pools, counted.calls
+def test_a_batch_of_sequences_takes_the_stack():
+    """Three sequences decoding together store their new rows in three blocks apart: the
+    stack stores each where the modules would and gives each the modules' tokens."""
+    model = gguf_model("qwen2", torch.bfloat16)
+    prompts = [ids(40, 5), ids(21, 6), ids(55, 7)]
+    stack, modules = _decode(model, "stack", prompts), _decode(model, "modules", prompts)
+    assert stack[3] >= 4 and not stack[4].missed
+    assert stack[0] == modules[0] and stack[1] == modules[1]
+    assert all(torch.equal(a, b) for a, b in zip(stack[2], modules[2], strict=True))
 
-    stack, layers, modules = run("stack"), run("layers"), run("modules")
-    assert stack[3] == 4 and layers[3] == 0  # the 4 steps after the prefill's first token
-    for other in (layers, modules):
-        assert stack[0] == other[0] and stack[1] == other[1]
-        assert all(torch.equal(a, b) for a, b in zip(stack[2], other[2], strict=True))
-    assert stack[1][-1][0] == (1, (len(tokens) + 4 - 1) // 16)
+
+class Selecting(Narrow):
+    """A query-aware controller: it picks each layer's blocks once the query exists."""
+
+    selects_blocks = True
+
+    def select_blocks(self, layer, q):
+        return None  # its view, but the engine cannot know that before the query
+
+
+def test_a_decode_step_whose_reads_cannot_be_planned_runs_layer_by_layer_and_is_counted():
+    """Query-aware selection: the same native ops layer by layer around the attention
+    function, bit for bit the modules' tokens, reads and pools."""
+    model = gguf_model("qwen2", torch.bfloat16)
+    tokens = ids(50, 4)
+    stack = _decode(model, "stack", [tokens], Selecting)
+    modules = _decode(model, "modules", [tokens], Selecting)
+    assert stack[3] == 0 and stack[0] == modules[0] and stack[1] == modules[1]
+    assert all(torch.equal(a, b) for a, b in zip(stack[2], modules[2], strict=True))
+    reason = "query-aware selection (a layer's blocks depend on its query): layer by layer"
+    assert stack[4].missed == {reason: 4}
+    assert f"4 x {reason}" in stack[4].describe()
+
+
+def test_the_runner_counts_what_it_does_not_compute_as_the_modules_do(monkeypatch):
+    """Not a decode step on paged KV (dense attention, a prefill): ``None``, the modules'
+    work, not counted. A decode step the native ops would not compute as the modules do:
+    ``None``, counted with its reason."""
+    model = gguf_model("qwen2", torch.bfloat16)
+    runner = model.decode_route.runner
+    c = model.config
+    cache = PagedEngine(model, Tok(), num_blocks=8, block_size=16).cache
+    cache.allocate(0, 20)
+    h = torch.randn(1, c.hidden_size, dtype=torch.bfloat16)
+    rope = model._rotary_global.cos_sin(torch.tensor([19]))
+    step = [SeqStep(0, 19, 1, None)]
+    with torch.inference_mode():
+        assert runner(h, rope, rope, DenseAttention()) is None
+        prefill = torch.randn(19, c.hidden_size, dtype=torch.bfloat16)
+        assert runner(prefill, rope, rope, PagedAttention(cache, [SeqStep(0, 0, 19)])) is None
+        assert not runner.missed
+        assert isinstance(runner(h, rope, rope, PagedAttention(cache, step)), torch.Tensor)
+        assert runner(h.float(), rope, rope, PagedAttention(cache, step)) is None
+        monkeypatch.setattr(linear, "GEMM_ROWS", 1)  # GGUFLinear reads it per call too
+        assert runner(h, rope, rope, PagedAttention(cache, step)) is None
+        monkeypatch.undo()
+        torch_kernel = PagedAttention(cache, step, kernel="torch")
+        assert isinstance(runner(h, rope, rope, torch_kernel), torch.Tensor)
+    assert runner(h, rope, rope, PagedAttention(cache, step)) is None
+    assert runner.missed == {
+        "activations in torch.float32, the model in torch.bfloat16: the modules ran it": 1,
+        "1 rows (from 1, GGUF layers take the GEMM way): the modules ran it": 1,
+        "decode attention on the torch kernel: layer by layer": 1,
+        "gradients enabled (the native ops have no backward): the modules ran it": 1,
+    }
+
+
+def test_a_model_not_all_gguf_runs_the_modules_and_says_why():
+    model = gguf_model("llama", torch.float32)
+    model.layers[1].mlp.down_proj = torch.nn.Linear(128, 64)
+    route = choose_route(model)
+    assert route.kind == "modules" and route.runner is None
+    assert route.why == "layer 1's down_proj is Linear, not GGUF blocks"
+    dense = Decoder(model.config)
+    assert choose_route(dense).why == "dense weights (the stack takes GGUF blocks)"
+
+
+def test_a_layer_whose_norms_differ_in_form_runs_the_modules():
+    """The layer ops take one eps and one form per layer (as every family builds its
+    norms); a layer that breaks that runs the modules rather than a wrong norm."""
+    model = gguf_model("qwen2", torch.bfloat16)
+    model.layers[1].mlp_norm.eps = model.layers[1].attn_norm.eps * 10
+    route = choose_route(model)
+    assert route.kind == "modules" and route.why == "layer 1's norms differ in eps or form"
+
+
+def test_a_kernel_switched_off_runs_the_modules_and_says_which(monkeypatch):
+    from declattn.engine.models import fused
+
+    model = gguf_model("qwen2", torch.bfloat16)
+    cached = (kernel.decode_layer_ops, fused.layer_ops)
+    monkeypatch.setenv(fused.ENV_SWITCH, "torch")
+    for f in cached:
+        f.cache_clear()
+    try:
+        route = choose_route(model)
+    finally:
+        monkeypatch.undo()
+        for f in cached:
+            f.cache_clear()
+    assert route.kind == "modules" and "DECLATTN_LAYER_KERNEL=torch" in route.why
+    assert choose_route(model).kind == "stack"
 
 
 def test_the_stack_names_a_wrong_number_of_layers():
     model = gguf_model("qwen2", torch.bfloat16)
-    stack = model.layer_runner._stack
+    stack = model.decode_route.runner._stack
     h = torch.randn(1, model.config.hidden_size, dtype=torch.bfloat16)
     cos, sin = model._rotary_global.cos_sin(torch.tensor([0]))
     with pytest.raises(RuntimeError, match="one pool pair and one run batch per layer"):
-        stack.run(h, cos, sin, cos, sin, [], [], 0, [], [], 256)
+        stack.run(h, cos, sin, cos, sin, [], [], torch.zeros(1, dtype=torch.int64), [], [], 256)

@@ -15,6 +15,7 @@ from gguf_samples import gguf_blocks
 
 from declattn.engine.dense import DenseAttention
 from declattn.engine.loader import load_model
+from declattn.engine.models.decoder import DecodeRoute
 from declattn.engine.models.layers import MLP, Attention
 from declattn.engine.quant import kernel
 from declattn.engine.quant.fuse import fuse_gguf_projections
@@ -86,7 +87,7 @@ def test_a_loaded_gguf_is_merged_and_gives_the_unmerged_logits():
             a.qkv_proj = None
         for m in mlps:
             m.gate_up_proj = None
-        model.use_layer_runner(None)  # it refers to the merged layers
+        model.use_route(DecodeRoute())  # its runner refers to the merged layers
         separate = model.logits(model(ids, torch.arange(len(ids)), DenseAttention()))
     assert torch.equal(merged, separate)
     assert fuse_gguf_projections(model) == 60  # merging again, after the change, works

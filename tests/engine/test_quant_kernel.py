@@ -81,7 +81,7 @@ def test_activation_rounding_is_llama_cpps_on_both_paths(op, dtype, plain):
     x[1, :32] = torch.arange(32) - 15.5  # halves; with 127 the scale is 1, so codes tie
     x[1, 0] = 127.0
     x = x.to(dtype)
-    q, d = torch.ops.declattn_gguf.gguf_quantize(x, plain)
+    q, d = torch.ops.declattn.gguf_quantize(x, plain)
     ref_q, ref_d = _rounded(x)
     assert torch.equal(d, ref_d) and torch.equal(q, ref_q)
 
@@ -93,9 +93,9 @@ def test_kernels_run_on_the_threads_torch_is_given(op):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert torch.ops.declattn_gguf.threads_used(64) == 2
+        assert torch.ops.declattn.threads_used(64) == 2
         torch.set_num_threads(1)
-        assert torch.ops.declattn_gguf.threads_used(64) == 1
+        assert torch.ops.declattn.threads_used(64) == 1
     finally:
         torch.set_num_threads(before)
 
@@ -150,8 +150,9 @@ gguf_q8_0_rows8.h; AVX2) and by sixteen (gguf_rows16_vnni.h; AVX-512 VNNI)."""
 
 
 def _readable_groups() -> list[int]:
-    """The regrouped layouts this CPU's build reads, best first."""
-    flags = set(native._cpu_flags().split())
+    """The regrouped layouts the loaded variant reads, best first."""
+    lib = native.library()
+    flags = set(lib.isa) if lib is not None else set()
     return [16] * ({"avx512_vnni", "avx512bw"} <= flags) + [8] * ("avx2" in flags)
 
 
@@ -285,20 +286,19 @@ def test_wrong_inputs_are_refused(op):
 
 @pytest.mark.slow
 def test_portable_build_agrees_with_the_vector_build(op, tmp_path):
-    """The plain C++ path (no AVX2, no F16C) is what other CPUs run: built here without
-    ``-march=native``, it must give what the AVX2 build gives, to float rounding."""
+    """The plain C++ path (no AVX2, no F16C) is what other CPUs run: built here for the
+    compiler's default target, into a namespace of its own, it must give what the loaded
+    variant gives, to float rounding."""
     from torch.utils import cpp_extension
 
-    source = tmp_path / "portable.cpp"
-    source.write_text(
-        kernel.SOURCE.read_text().replace("TORCH_LIBRARY(declattn_gguf,", "TORCH_LIBRARY(dq_test,")
-    )
+    from declattn.engine.native.variants import CSRC
+
     lib = tmp_path / "portable.so"
-    cmd = ["g++", "-O2", "-std=c++17", "-fPIC", "-shared", "-I", str(kernel.SOURCE.parent),
+    cmd = ["g++", "-O2", "-std=c++17", "-fPIC", "-shared", "-DDECLATTN_OP_NAMESPACE=dq_test",
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}"]
     for inc in cpp_extension.include_paths():
         cmd += ["-isystem", inc]
-    cmd += [str(source), "-o", str(lib)]
+    cmd += [str(CSRC / "gguf_matmul.cpp"), "-o", str(lib)]
     for d in cpp_extension.library_paths():
         cmd += [f"-L{d}", f"-Wl,-rpath,{d}"]
     subprocess.run([*cmd, "-lc10", "-ltorch_cpu"], check=True, capture_output=True)

@@ -136,7 +136,8 @@ def test_reads_equal_the_scope_on_packed_weights(packed):
     every decode step reads exactly the scope's blocks, and live counts equal replay."""
     engine = Engine(packed, kv_tokens=4096)
     assert engine.loaded.quant is not None
-    sess = engine.session(CONTEXT, QUESTION, da=True, options=DAOptions(target=96, cap=128))
+    options = DAOptions(target=96, cap=128, min_context=0)
+    sess = engine.session(CONTEXT, QUESTION, da=True, options=options)
     tokens = engine.tokenizer.encode(TRANSCRIPT, add_special_tokens=False)
     seq = engine.add(Forced(sess, tokens), SamplingParams(max_tokens=len(tokens), ignore_eos=True))
     for _ in engine.run(seq):

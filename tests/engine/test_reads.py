@@ -49,8 +49,10 @@ def test_counter_equals_view_on_every_step_and_counts_bytes() -> None:
             scan = sum(r.n_bytes for r in counter.records
                        if (r.step, r.seq_id, r.sliding) == (step, sid, sliding))
             assert counter.total_bytes(sliding=sliding, seq_id=sid, step=step) == scan > 0
+            assert counter.row_bytes(step, sid, sliding=sliding) == scan
     counter.reset()
     assert counter.records == [] and counter.n_steps == 0 and counter.total_bytes() == 0
+    assert counter.row_bytes(0, 0) == 0
 
 
 def test_prefill_rows_are_not_counted_and_ignore_views() -> None:

@@ -4,10 +4,8 @@ and the plan names exactly the logical blocks its reads cover."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from declattn.engine.runs import Carried, PlanCarry, RunPlan, plan_runs, sorted_unique, view_key
+from declattn.engine.runs import RunPlan, plan_runs, sorted_unique
 
 
 def test_short_whole_block_runs_are_gathered_and_the_rest_sliced() -> None:
@@ -56,55 +54,3 @@ def test_sorted_unique_takes_a_sorted_view_as_it_is_and_mends_any_other() -> Non
     assert sorted_unique((9, 1, 4, 4, 1)).tolist() == [1, 4, 9]
     assert sorted_unique([3, 3]).tolist() == [3]  # a repeat is not increasing
     assert sorted_unique(()).dtype == np.int64 and sorted_unique(()).size == 0
-
-
-def _same(a: RunPlan, b: RunPlan) -> bool:
-    return (a.rows.tolist(), a.blocks, a.n_rows) == (b.rows.tolist(), b.blocks, b.n_rows)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.data())
-def test_a_carried_plan_is_the_plan_of_its_step(data: st.DataObject) -> None:
-    """Step after step over a growing sequence (blocks in any pool order), with views
-    that change now and then: every plan ``PlanCarry`` gives is ``plan_runs``' plan for
-    that step, whether it was grown or planned afresh."""
-    bs = data.draw(st.sampled_from([1, 2, 4, 16]), label="block size")
-    n_max = 12
-    table = np.array(data.draw(st.permutations(range(n_max * 2)), label="pool")[:n_max])
-    table.flags.writeable = False
-    carry, grown = PlanCarry(), 0
-    length = data.draw(st.integers(1, bs * 3), label="start")
-    view: tuple[int, ...] | None = None
-    while length <= n_max * bs:
-        n = -(-length // bs)
-        if data.draw(st.booleans(), label="new view"):
-            view = data.draw(st.one_of(st.none(), st.lists(st.integers(0, n - 1)).map(
-                lambda b, n=n: tuple(sorted({*b, n - 1})))), label="view")
-        elif view is not None and view[-1] != n - 1:
-            view = (*view, n - 1)  # a view always keeps the newest block
-        keep = range(n) if view is None else view
-        want = plan_runs(table[:n], keep, 0, length, bs, "cpu")
-        got = carry.grown(7, view_key(view), length, table, bs)
-        grown += got is not None
-        assert got is None or _same(got, want)
-        carry.keep({7: Carried(view_key(view), length, table, got or want)})
-        length += 1
-    assert len(carry) == 1
-
-
-def test_a_plan_is_carried_only_while_view_table_and_newest_block_hold() -> None:
-    table = np.array([5, 2, 9])
-    plan = plan_runs(table, [0, 2], 0, 34, 16, "cpu")
-    carry = PlanCarry()
-    carry.keep({1: Carried((0, 2), 34, table, plan)})
-    assert _same(carry.grown(1, (0, 2), 35, table, 16), plan_runs(table, [0, 2], 0, 35, 16, "cpu"))
-    assert carry.grown(1, view_key([0, 2]), 35, table, 16) is not None  # equal, not the same
-    assert carry.grown(1, (0, 1, 2), 35, table, 16) is None  # another view
-    assert carry.grown(1, None, 35, table, 16) is None
-    assert carry.grown(1, (0, 2), 35, table.copy(), 16) is None  # the table changed
-    assert carry.grown(1, (0, 2), 36, table, 16) is None  # a step was skipped
-    assert carry.grown(2, (0, 2), 35, table, 16) is None  # another sequence
-    carry.keep({1: Carried((0, 2), 48, table, plan_runs(table, [0, 2], 0, 48, 16, "cpu"))})
-    assert carry.grown(1, (0, 2), 49, table, 16) is None  # the new row opens block 3
-    carry.drop(1)
-    assert len(carry) == 0 and carry.grown(1, (0, 2), 49, table, 16) is None

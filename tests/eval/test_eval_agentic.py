@@ -165,7 +165,7 @@ def test_a_run_writes_one_row_per_turn_per_arm(tiny_engine, tmp_path):
     table = turn_table(rows)
     assert table is not None and table.row_count == 4 * TURNS
     md = markdown_table(rows)
-    assert "Per turn of the conversation tasks" in md and "| vs vanilla |" in md
+    assert "Per turn of the conversation tasks" in md and "| per answer vs vanilla |" in md
     assert {(j.get("turn"), j["arm"]) for j in summary_json(rows)} >= {(1, "da"), (None, "da")}
 
 

@@ -70,3 +70,23 @@ def test_malformed_headers_get_an_openai_error(server: Any) -> None:
         _, answer = closed_after(sock, [b"GET /v1/models HTTP/1.1\r\n" + huge], 1.0, 5.0)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b'"code":"invalid_http"' in body.replace(b" ", b"")
+
+
+@pytest.mark.parametrize("header_bytes", [17_000, 40_000])
+def test_headers_over_16_kib_sent_whole_are_refused(server: Any, header_bytes: int) -> None:
+    """A complete head over 16 KiB in one write: h11 parses it at once (its own bound is
+    only on an incomplete head), so the size is checked on the parsed request."""
+    request = (b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: "
+               + b"h" * header_bytes + b"\r\n\r\n")
+    with raw_connection(server) as sock:
+        _, answer = closed_after(sock, [request], 1.0, 5.0)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b'"code":"invalid_http"' in body.replace(b" ", b"")
+
+
+def test_headers_under_16_kib_are_served(server: Any) -> None:
+    request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"h" * 15_000 + b"\r\n\r\n"
+    with raw_connection(server) as sock:
+        sock.sendall(request)
+        sock.settimeout(5)
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")

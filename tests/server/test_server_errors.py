@@ -234,3 +234,65 @@ def test_validation_errors_name_client_keys_safely(http: Any, value: str) -> Non
     part = (f'{{"model": "{MODEL}", "messages": [{{"role": "user", "content": '
             f'[{{"type": "{value}"}}]}}]}}')
     assert "not supported" in _error(_raw(http, CHAT, part), 400)["message"]
+
+
+def test_a_stop_string_of_any_length(http: Any) -> None:
+    """The four-item bound is on the list of stop strings, not on a single one's length."""
+    assert _chat(http, stop="\n\nUser:").status_code == 200
+    assert _chat(http, stop=["\n\nUser:", "x" * 100]).status_code == 200
+    assert _error(_chat(http, stop=["a", "b", "c", "d", "e"]), 400)["param"] == "stop"
+
+
+def test_the_schema_bounds_the_stop_list_not_a_string(http: Any) -> None:
+    """What the fuzzer reads: a string of any length, or a list of at most four."""
+    schema = http.get("/openapi.json").json()["components"]["schemas"]
+    stop = schema["ChatCompletionRequest"]["properties"]["stop"]
+    kinds = {branch.get("type"): branch for branch in stop["anyOf"]}
+    assert "maxLength" not in kinds["string"] and kinds["array"]["maxItems"] == 4
+
+
+TOOL = {"type": "function", "function": {"name": "lookup", "description": "Look a word up.",
+                                         "parameters": {"type": "object", "properties": {}}}}
+CALL = {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+
+
+def _raw_chat(http: Any, body: dict[str, Any]) -> httpx.Response:
+    """``body`` sent as ASCII JSON, where ``"\\ud800"`` stays a lone surrogate escape."""
+    import json
+
+    content = json.dumps({"model": MODEL, "max_tokens": 2, **body}).encode()
+    return http.post(CHAT, content=content, headers={"content-type": "application/json"})
+
+
+def _surrogate_cases() -> list[tuple[dict[str, Any], str]]:
+    bad_call = {**CALL, "function": {"name": "lookup", "arguments": '{"q": "\ud800"}'}}
+    bad_tool = {"type": "function", "function": {**TOOL["function"], "description": "\udfff"}}
+    asked = {"role": "assistant", "content": "", "tool_calls": [CALL]}
+    answered = {"role": "tool", "tool_call_id": "c1", "content": "a word"}
+    return [
+        ({"messages": [{"role": "user", "content": "Hi", "name": "x\ud800"}]},
+         "messages[0].name"),
+        ({"messages": [{"role": "user", "content": "Hi"},
+                       {"role": "assistant", "content": "", "tool_calls": [bad_call]},
+                       answered, {"role": "user", "content": "So?"}]},
+         "messages[1].tool_calls[0].function.arguments"),
+        ({"messages": [{"role": "user", "content": "Hi"}, asked,
+                       {**answered, "tool_call_id": "\udc00"}, {"role": "user", "content": "So?"}]},
+         "messages[2].tool_call_id"),
+        ({"messages": USER, "tools": [bad_tool]}, "tools[0].function.description"),
+    ]
+
+
+@pytest.mark.parametrize("chunks", [None, "messages"])
+@pytest.mark.parametrize("case", range(4))
+def test_lone_surrogates_anywhere_in_a_chat_are_named(
+    http: Any, case: int, chunks: str | None
+) -> None:
+    """A name, a tool call or a tool definition holding a lone surrogate is a 400 naming
+    the field, plain or with the conversation as DA's context (where it once came back
+    as a codec error inside an ``invalid_da_options`` 400)."""
+    body, param = _surrogate_cases()[case]
+    if chunks is not None:
+        body = {**body, "declarative_attention": {"chunks": chunks}}
+    err = _error(_raw_chat(http, body), 400)
+    assert err["code"] == "invalid_unicode" and err["param"] == param, err

@@ -1,17 +1,22 @@
 """Prefix caching through the server: a second request over the same document reuses
 its prompt K/V, says so in ``usage.prompt_tokens_details.cached_tokens``, and answers
 exactly what a server without the cache answers; concurrent requests sharing the
-document answer what each answers alone. SmolLM2 in fp32, greedy."""
+document answer what each answers alone; a new server reads the document's K/V from the
+cache's disk tier. SmolLM2 in fp32, greedy."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from conftest import MODEL, da_context
 
+from declattn.engine.paths import KV_CACHE_DIR_ENV
 from declattn.server.metrics import parse
 
 DOC = "\n\n".join(da_context(i) for i in range(12))  # about 1,000 tokens
@@ -62,3 +67,30 @@ def test_concurrent_requests_sharing_a_prefix_answer_as_alone(cached: Any) -> No
         together = list(pool.map(lambda q: _ask(cached.v1, q, True), QUESTIONS))
     assert [r["choices"][0]["message"]["content"] for r in together] == alone
     assert all(r["usage"]["prompt_tokens_details"]["cached_tokens"] > 0 for r in together)
+
+
+def test_a_new_server_reads_the_document_from_disk(server_factory: Any) -> None:
+    """The prefix cache's disk tier outlives a server: a new one over the same directory
+    reads the document's K/V instead of prefilling it, and says where the KV came from."""
+    first = server_factory(kv_blocks=512)
+    got = _ask(first.v1, QUESTIONS[0], True)
+    assert got["usage"]["prompt_cache"] == {
+        "memory_tokens": 0, "disk_tokens": 0, "computed_tokens": got["usage"]["prompt_tokens"]
+    }
+    files = Path(os.environ[KV_CACHE_DIR_ENV])
+    deadline = time.monotonic() + 120
+    whole = got["usage"]["prompt_tokens"] // 512  # the prompt's whole prefill chunks
+    while len(list(files.glob("*/*.safetensors"))) < whole:  # written in the background
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    second = server_factory(kv_blocks=512)
+    again = _ask(second.v1, QUESTIONS[1], True)
+    split = again["usage"]["prompt_cache"]
+    assert split["disk_tokens"] >= 512 and split["disk_tokens"] % 512 == 0
+    assert split["memory_tokens"] == 0
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == split["disk_tokens"]
+    assert split["computed_tokens"] == again["usage"]["prompt_tokens"] - split["disk_tokens"]
+    m = parse(httpx.get(second.url + "/metrics").text)
+    assert m["declattn_prompt_tokens_from_disk_total"] == split["disk_tokens"]
+    assert m["declattn_prompt_tokens_computed_total"] == split["computed_tokens"]
+    assert m["declattn_prompt_tokens_from_memory_total"] == 0

@@ -24,12 +24,12 @@ class Forced(DASession):
 
     def __init__(self, *args: Any, forced: list[int], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.forced, self.logits = forced, []
+        self.script, self.logits = forced, []
 
     def process_logits(self, logits: torch.Tensor) -> torch.Tensor:
         self.logits.append(logits.clone())
         out = torch.full_like(logits, float("-inf"))
-        out[self.forced[self.n_tokens]] = 0.0
+        out[self.script[self.n_tokens]] = 0.0
         return out
 
 

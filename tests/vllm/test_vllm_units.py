@@ -230,3 +230,21 @@ def test_an_engine_that_is_gone_leaves_no_processor_behind() -> None:
     gc.collect()
     assert link.lookup(config) is None
     assert all(not isinstance(p, Processor) for p in link.processors())
+
+
+def test_the_scaffold_rule_travels_and_jump_forward_is_said_to_be_absent(
+    smol_tokenizer,
+) -> None:
+    """An economy request carries its scaffold rule to the engine core (so the tracker
+    reads what our engine reads); jump-forward does not exist in vLLM's scheduler, and
+    the request builder says so instead of silently decoding tag text token by token."""
+    o = DAOptions.economy(target=96, cap=128)
+    with pytest.warns(UserWarning, match="jump-forward is not available through vLLM"):
+        req = build_request(CONTEXT, QUESTION, smol_tokenizer, o)
+    assert req.spec.scaffold_local and parse(req.spec.to_args()) == req.spec
+    quiet = DAOptions.economy(target=96, cap=128, jump_forward=False)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_request(CONTEXT, QUESTION, smol_tokenizer, quiet)

@@ -25,11 +25,15 @@ from declattn.api.results import Answer, Delta, Stats
 from declattn.api.session import DASession, PlainSession, Session
 from declattn.da.constrain import FocusVocab, VocabCache
 from declattn.da.constrain_find import FindVocab
+from declattn.da.gate import CLASSIC_SHAPE, ECONOMY_SHAPE, ReplyCost, expected_cost
 from declattn.da.options import DAOptions, model_da_defaults
 from declattn.engine.controller import Controller
 from declattn.engine.engine import DEFAULT_PREFILL_CHUNK, PagedEngine
 from declattn.engine.kv import PoolStats, SequenceKeys
+from declattn.engine.kvdisk.options import DiskOptions, disk_options, parse_size
 from declattn.engine.loader import LoadedModel, load_model
+from declattn.engine.models.decoder import DecodeRoute
+from declattn.engine.paths import kv_cache_root
 from declattn.engine.registry import resolve_model
 from declattn.engine.request import Request, TokenEvent
 from declattn.engine.sampler import SamplingParams
@@ -38,6 +42,9 @@ from declattn.protocol.prompt import RenderedPrompt
 from declattn.protocol.segment import Chunk, SegmentError, segment, token_counter
 
 DEFAULT_KV_TOKENS = 160 * 1024
+SCAFFOLD_OVERHEAD = 64
+"""Tokens of a DA prompt's scaffold besides the sink and the instruction: the question
+and the turn headers around it (an estimate; the gate needs no more precision)."""
 CONSTRAIN_BELOW_PARAMS = 1_000_000_000
 """``DAOptions(constrain=None)`` turns the focus constraint on for models smaller than this:
 they are the ones that write malformed declarations."""
@@ -68,8 +75,14 @@ class Engine:
         kv_tokens: int | None = None,
         block_size: int = 16,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefill_budget: int | None = None,
+        prefill_first: bool = False,
         prefix_caching: bool = True,
         batch_invariant: bool = False,
+        kv_disk: bool = True,
+        kv_cache_dir: str | Path | None = None,
+        kv_cache_size: int | str | None = None,
+        model_name: str | None = None,
     ) -> None:
         """``kv_tokens`` sizes the KV pool shared by all sequences in flight; by default
         ``DEFAULT_KV_TOKENS``, or one sequence of the model's whole context if that is
@@ -79,7 +92,18 @@ class Engine:
         ``prefix_caching``: a prompt that starts like an earlier one takes over the
         earlier one's K/V for that part instead of computing it again (the second
         question over a document, the next turn of a chat, every arm of an evaluation
-        after the first); results are bit for bit those of a fresh prefill."""
+        after the first); results are bit for bit those of a fresh prefill.
+
+        ``kv_disk``: the prefix cache also keeps whole prefill chunks on disk, so a later
+        process asking over the same document reads its K/V instead of computing it
+        (``engine/kvdisk``); under ``kv_cache_dir`` (default ``$DECLATTN_KV_CACHE_DIR``,
+        else ``~/.cache/declattn/kv``), at most ``kv_cache_size`` bytes (or ``"20G"``;
+        default 20 GiB, or half the disk's free space if less). A model built in memory
+        (no files) gets it only with an explicit ``kv_cache_dir``. ``model_name``: what
+        ``declattn cache ls`` shows (``from_pretrained`` passes the name it was given).
+
+        ``prefill_budget``, ``prefill_first``: how a step shares its forward between the
+        running sequences and a waiting prompt (``engine/scheduler.py``)."""
         if loaded.tokenizer is None:
             raise ValueError(f"{loaded.source}: the model has no tokenizer")
         if kv_tokens is not None and kv_tokens < 1:
@@ -92,8 +116,15 @@ class Engine:
         self._num_blocks = -(-kv_tokens // block_size)
         self._block_size = block_size
         self._prefill_chunk = prefill_chunk
+        self._prefill_budget = prefill_budget
+        self._prefill_first = prefill_first
         self._prefix_caching = prefix_caching
         self._batch_invariant = batch_invariant
+        # the prefix cache's disk tier (#43)
+        self._kv_disk = kv_disk
+        self._kv_cache_dir = Path(kv_cache_dir).expanduser() if kv_cache_dir else None
+        self._kv_cache_size = parse_size(kv_cache_size) if kv_cache_size is not None else None
+        self._model_name = model_name or loaded.source.name or "in-memory weights"
         self._core: PagedEngine | None = None
         self.n_params = sum(p.numel() for p in loaded.model.parameters())
         self.da_defaults = model_da_defaults(loaded.weights_dir)
@@ -125,6 +156,7 @@ class Engine:
                 "float32": torch.float32,
                 "fp16": torch.float16,
             }[dtype]
+        kwargs.setdefault("model_name", str(path_or_name))
         return cls(load_model(resolve_model(path_or_name), dtype=dtype, device=device), **kwargs)
 
     def with_pool(
@@ -133,11 +165,12 @@ class Engine:
         *,
         prefix_caching: bool | None = None,
         batch_invariant: bool | None = None,
+        prefill_budget: int | None = None,
+        prefill_first: bool | None = None,
     ) -> Engine:
         """The same loaded model (and tokenizer, DA defaults, vocabulary cache) over a
         KV pool of its own of ``num_blocks`` blocks: a server's pool, a test's small one.
-        ``prefix_caching`` and ``batch_invariant`` keep this engine's settings unless
-        given."""
+        The other settings keep this engine's unless given."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be at least 1, got {num_blocks}")
         other = Engine.__new__(Engine)
@@ -147,6 +180,10 @@ class Engine:
             other._prefix_caching = prefix_caching
         if batch_invariant is not None:
             other._batch_invariant = batch_invariant
+        if prefill_budget is not None:
+            other._prefill_budget = prefill_budget
+        if prefill_first is not None:
+            other._prefill_first = prefill_first
         other._core = None
         return other
 
@@ -163,10 +200,22 @@ class Engine:
                 num_blocks=self._num_blocks,
                 block_size=self._block_size,
                 prefill_chunk=self._prefill_chunk,
+                prefill_budget=self._prefill_budget,
+                prefill_first=self._prefill_first,
                 prefix_caching=self._prefix_caching,
                 batch_invariant=self._batch_invariant,
+                kv_disk=self._disk_options(),
             )
         return self._core
+
+    def _disk_options(self) -> DiskOptions | None:
+        """The disk tier's options, if it is on (#43): ``None`` without prefix caching,
+        with ``kv_disk=False``, or for a model with no files and no directory asked for."""
+        if not (self._prefix_caching and self._kv_disk):
+            return None
+        source = self.loaded.source if self.loaded.weights_dir is not None else None
+        return disk_options(self.loaded.model, source, self._model_name, self._kv_cache_dir,
+                            self._kv_cache_size, kv_cache_root())
 
     @property
     def block_size(self) -> int:
@@ -185,6 +234,12 @@ class Engine:
         return self._core.cache.stats()
 
     @property
+    def decode_route(self) -> DecodeRoute:
+        """How the model's decode steps run (chosen at load: ``engine/route.py``), why, and
+        the decode steps that could not take it, by reason."""
+        return self.loaded.model.decode_route
+
+    @property
     def kv_dtype(self) -> str:
         """The KV pool's element type, as torch names it without its prefix."""
         return str(self._engine.cache.config.dtype).removeprefix("torch.")
@@ -195,11 +250,13 @@ class Engine:
         return self._engine.add(controller, params)
 
     def step(self) -> list[TokenEvent]:
-        """One prefill chunk (if a sequence waits) or one decode step for all running."""
+        """One forward: a decode row of every running sequence (more where forced tokens
+        wait) and a piece of a waiting prompt beside them (``engine/scheduler.py``)."""
         return self._engine.step()
 
     def next_batch(self) -> list[Request]:
-        """The sequences the next ``step`` works on (one being prefilled, or all running)."""
+        """The sequences the next ``step`` works on (the running ones, and the waiting one
+        whose piece goes along)."""
         return self._engine.next_batch()
 
     def abort(self, request: Request, reason: str = "abort") -> None:
@@ -301,17 +358,40 @@ class Engine:
     def _below_min_context(
         self, context: str, chunks: Sequence[Chunk] | None, options: DAOptions
     ) -> str | None:
-        """Why a DA request runs vanilla, when its context is under the options' floor
-        (``DAOptions.context_floor``: ``min_context``, or 1.5 chunks by default)."""
-        floor = options.context_floor
-        if floor <= 0:
-            return None
+        """Why a DA request runs vanilla, when it is not expected to pay: under the
+        options' ``min_context`` where one is set, else where the whole DA reply is
+        expected to read more bytes than the plain reply (``declattn.da.gate``)."""
         n = sum(c.tokens for c in chunks) if chunks else token_counter(self.tokenizer)(context)
-        if n >= floor:
+        if options.min_context is not None:
+            if n >= options.min_context:
+                return None
+            return (
+                f"ran vanilla: a context of {n} tokens is under min_context "
+                f"{options.min_context}"
+            )
+        cost = self.reply_cost(n, options)
+        if cost.run_da:
             return None
         return (
-            f"ran vanilla: a context of {n} tokens is under min_context {floor}, "
-            "where DA reads more per decode step than full attention"
+            f"ran vanilla: at {n} context tokens a DA reply is expected to read "
+            f"{cost.ratio:.2f}x the plain reply's bytes (docs/eval.md, 'Break-even')"
+        )
+
+    def reply_cost(self, context_tokens: int, options: DAOptions) -> ReplyCost:
+        """The expected bytes of a DA reply against the plain reply over a context of
+        ``context_tokens``, for this model's weights and KV (``declattn.da.gate``)."""
+        count = token_counter(self.tokenizer)
+        scaffold = options.sink + count(options.instruction) + SCAFFOLD_OVERHEAD
+        c = self.loaded.config
+        itemsize = next(self.loaded.model.parameters()).element_size()
+        return expected_cost(
+            context_tokens=context_tokens,
+            prompt_tokens=context_tokens + scaffold,
+            scaffold_tokens=scaffold,
+            chunk_tokens=min(options.target, context_tokens),
+            weight_bytes=self.loaded.model.weight_bytes_per_step(),
+            kv_bytes_per_token=2 * c.num_layers * c.num_kv_heads * c.head_dim * itemsize,
+            shape=ECONOMY_SHAPE if options.scaffold_local else CLASSIC_SHAPE,
         )
 
     def messages_session(
@@ -447,7 +527,7 @@ class Engine:
         stats = Stats(
             prompt_tokens=len(req.prompt_ids),
             output_tokens=len(req.output_ids),
-            decode_steps=acc.steps,
+            decode_steps=sum(1 for r in req.reads if not r.forced),
             prefill_seconds=req.prefill_seconds,
             decode_seconds=req.decode_seconds,
             logical_attended=totals["logical"],
@@ -458,6 +538,7 @@ class Engine:
             bytes_read=sum(r.global_bytes + r.sliding_bytes for r in req.reads),
             by_mode={str(m): v for m, v in acc.by_mode().items()},
             cached_tokens=req.cached_tokens,
+            disk_tokens=req.disk_tokens,
         )
         return Answer(
             text=sess.text,

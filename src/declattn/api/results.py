@@ -23,7 +23,8 @@ class Delta:
 
 @dataclass
 class Stats:
-    """Counts for one response. Attended figures are sums over decode steps."""
+    """Counts for one response. ``decode_steps`` counts forwards (a run of forced tag
+    text goes in one); attended figures are sums over every token's query."""
 
     prompt_tokens: int
     output_tokens: int
@@ -38,6 +39,9 @@ class Stats:
     bytes_read: int
     by_mode: dict[str, dict[str, int]]
     cached_tokens: int = 0
+    """Prompt tokens the prefix cache supplied (not computed), ``disk_tokens`` of them
+    read from its disk tier, the rest from memory."""
+    disk_tokens: int = 0
 
     @property
     def saving(self) -> float:

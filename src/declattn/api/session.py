@@ -20,7 +20,7 @@ from declattn.da.options import DAOptions
 from declattn.da.runaway import RunawayGuard
 from declattn.da.scope import DEFAULT_BLOCK_SIZE, Scope, StepCount
 from declattn.da.state import DAState
-from declattn.engine.controller import Controller
+from declattn.engine.controller import Controller, ForcedTokens
 from declattn.protocol.answer import answer_of
 from declattn.protocol.instruction import PLAIN_INSTRUCTION
 from declattn.protocol.layout import Layout
@@ -213,7 +213,10 @@ class DASession(Session):
             runaway=RunawayGuard(max_tokens=max_tokens) if o.runaway else None,
         )
         self.expected_views: list[tuple[int, ...]] = []
-        self._last_view: tuple[tuple, tuple[int, ...]] | None = None
+        self.tokenizer = tokenizer
+        self._last_text = ""  # the newest token's text, for token healing
+        self._forced_owed = 0  # forced tokens returned and not yet accepted
+        self._newest_forced = False  # the newest token was one of them (never healed)
 
     @property
     def reader(self) -> TagReader:
@@ -246,12 +249,7 @@ class DASession(Session):
         self.record(length, count, scope.mode, scope.focus_ids)
         if not masked:
             return None
-        # The same scope over the same blocks is the same view: one tuple, which the
-        # engine then recognises as unchanged and whose plan it carries (runs.PlanCarry).
-        key = (scope.mode, scope.focus_ids, -(-length // bs))
-        if self._last_view is None or self._last_view[0] != key:
-            self._last_view = (key, tuple(scope.kept_blocks(length, bs)))
-        blocks = self._last_view[1]
+        blocks = tuple(scope.kept_blocks(length, bs))
         self.expected_views.append(blocks)
         return blocks
 
@@ -261,7 +259,37 @@ class DASession(Session):
 
     def on_token(self, token_id: int, text: str) -> str | None:
         super().on_token(token_id, text)
+        self._last_text = text
+        self._newest_forced = self._forced_owed > 0
+        self._forced_owed = max(0, self._forced_owed - 1)
         return self.state.feed(token_id, text)
+
+    def forced(self) -> ForcedTokens | None:
+        """The tag text the protocol fixes next (``DAState.forced_text``), as tokens the
+        engine appends in one forward (``DAOptions.jump_forward``).
+
+        Healed where the newest token was sampled inside the tag being written (the tag
+        began before it): that token is not in the KV cache yet, so it is written again
+        together with the fixed text, and the tokens are the tokenizer's own for the
+        whole piece instead of the fixed text's alone. A tag the newest token began is
+        not healed: the step before it read with the state before the tag, and a
+        replacement would be asked its view after it."""
+        if not self.options.jump_forward:
+            return None
+        text = self.state.forced_text()
+        if text is None:
+            return None
+        pending, last = self.reader.pending, self._last_text
+        heal = (not self._newest_forced and bool(last) and len(pending) > len(last)
+                and pending.endswith(last))
+        for piece, replaces in ((last + text, True), (text, False)):
+            if replaces and not heal:
+                continue
+            ids = self.tokenizer.encode(piece, add_special_tokens=False)
+            if ids and self.tokenizer.decode(ids) == piece:
+                self._forced_owed = len(ids)
+                return ForcedTokens(tuple(ids), replaces_last=replaces)
+        return None
 
     def visible_end(self, finished: bool) -> int:
         """Up to the reader's decided offset: a tag is never shown half written. A

@@ -28,8 +28,9 @@ from declattn.bench.machine import BandwidthProbe, Timing, time_call
 from declattn.da.scope import Scope
 from declattn.engine.decode import kernel_in_use
 from declattn.engine.kv import KVCache, KVConfig
-from declattn.engine.paged import PagedAttention, SeqStep
+from declattn.engine.paged import PagedAttention
 from declattn.engine.reads import ReadCounter
+from declattn.engine.seq_step import SeqStep
 from declattn.engine.threads import available_cores
 from declattn.protocol.layout import Layout, Span
 from declattn.protocol.modes import Mode

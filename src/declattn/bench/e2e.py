@@ -155,6 +155,7 @@ def run_e2e(
             kv_tokens=total + 2 * cfg.block_size,
             block_size=cfg.block_size,
             prefill_chunk=cfg.prefill_chunk,
+            kv_disk=False,  # synthetic K/V: a cached prefix would stand in its way
         )
         params = SamplingParams(max_tokens=len(tokens), ignore_eos=True)
         seq = eng.add(Forced(sess, tokens), params)

@@ -47,7 +47,8 @@ def ours(loaded: LoadedModel, ids: list[int], new_tokens: int, prefill_chunk: in
     """Plain greedy decoding on the paged engine (no DA: every block is read)."""
     cfg = loaded.config
     total = len(ids) + new_tokens
-    eng = Engine(loaded, kv_tokens=total + 32, prefill_chunk=prefill_chunk)
+    eng = Engine(loaded, kv_tokens=total + 32, prefill_chunk=prefill_chunk,
+                 kv_disk=False)  # the prefill is timed: never read from disk
     if cfg.max_position_embeddings < total:
         raise ValueError(f"{total} positions exceed the model's {cfg.max_position_embeddings}")
     seq = eng.add(Controller(ids), SamplingParams(max_tokens=new_tokens, ignore_eos=True))

@@ -223,7 +223,7 @@ def profile_step(arm: Arm, threads: int, steps: int = 3) -> dict[str, float]:
     kinds = {"weights": 0.0, "attention": 0.0, "rest": 0.0}
     for ev in prof.key_averages():
         name = ev.key
-        if name.startswith(("declattn_gguf::", "aten::_weight_int", "aten::addmm", "aten::mm")):
+        if name.startswith(("declattn::gguf_", "aten::_weight_int", "aten::addmm", "aten::mm")):
             kind = "weights"
         elif "attention" in name or "flash" in name:
             kind = "attention"

@@ -11,6 +11,9 @@ TTFT of questions 2.. against question 1, and the whole session against the same
 number of independent requests (the independent requests' mean wall time times the
 number of questions when fewer were run; the report says which).
 
+``--across-processes`` asks across processes instead (``reuse_processes.py``): a cold
+question in a fresh process, the same question in a new one (read from the disk tier).
+
 ``--server`` repeats it through ``declattn serve``'s app on loopback with the ``openai``
 client: streamed requests, TTFT = the first streamed chunk.
 """
@@ -53,6 +56,8 @@ class Asked:
     wall_seconds: float
     prompt_tokens: int
     cached_tokens: int
+    disk_tokens: int = 0
+    """Of ``cached_tokens``, read from the prefix cache's disk tier."""
 
     @property
     def correct(self) -> bool:
@@ -77,13 +82,13 @@ def questions_document(engine: Engine, cfg: ReuseConfig) -> tuple[str, list[tupl
     return doc.text, [(q, a) for _, q, a in facts]
 
 
-def _ask_engine(document: Any, question: str, expected: str, max_tokens: int) -> Asked:
+def ask_document(document: Any, question: str, expected: str, max_tokens: int) -> Asked:
     t0 = time.perf_counter()
     ans = document.ask(question, max_tokens=max_tokens)
     wall = time.perf_counter() - t0
     s = ans.stats
     return Asked(question, expected, ans.answer, s.prefill_seconds, wall, s.prompt_tokens,
-                 s.cached_tokens)
+                 s.cached_tokens, s.disk_tokens)
 
 
 def run_reuse(
@@ -99,11 +104,11 @@ def run_reuse(
     doc = cached.open(text)
     for i, (q, a) in enumerate(qa, 1):
         say(f"engine session, question {i}/{len(qa)}")
-        session.append(_ask_engine(doc, q, a, cfg.max_tokens))
+        session.append(ask_document(doc, q, a, cfg.max_tokens))
     alone = []
     for i, (q, a) in enumerate(qa[: cfg.independent], 1):
         say(f"engine, independent request {i}/{cfg.independent}")
-        alone.append(_ask_engine(fresh.open(text), q, a, cfg.max_tokens))
+        alone.append(ask_document(fresh.open(text), q, a, cfg.max_tokens))
     result["engine"] = summarise(session, alone, len(qa))
     if cfg.server:
         result["server"] = run_server(engine, text, qa, cfg, say)

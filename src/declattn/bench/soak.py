@@ -1,12 +1,14 @@
 """``declattn bench serve``: a soak of the server under mixed, partly hostile traffic.
 
 A real ``declattn serve`` process on loopback (127.0.0.1 only) receives, for a bounded
-time and count, a mix from a few client threads: plain chat, DA chat, streamed requests
-the client drops part way, oversize and malformed bodies, and some long requests. It
-reports requests served, 4xx/5xx counts (5xx must be 0), latency percentiles of the
-short requests (the ones a long request must not hold up), blocks in use at the end
-(must be 0) and the server's memory before and after. A measurement, never a test: the
-machines are shared.
+time and count, a mix from ``clients`` threads (8 at once by default, for 30 minutes):
+plain chat, DA chat, streamed requests the client drops part way, oversize and malformed
+bodies, long replies and long documents. It reports requests served, 4xx/5xx counts
+(5xx must be 0), latency percentiles of the short requests (the ones a long request must
+not hold up), blocks in use at the end (must be 0), and the server's resident memory:
+idle, after its first request, and sampled every ``rss_every_s`` through the soak (a
+plateau, not a climb: the growth after minute 5 is reported). A measurement, never a
+test: the machines are shared.
 """
 
 from __future__ import annotations
@@ -14,10 +16,10 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -27,21 +29,29 @@ from typing import Any
 
 import httpx
 
+from declattn.bench.http_load import free_port, rss_mb
 from declattn.server.metrics import parse
 
-KINDS = ("plain", "da", "stream_drop", "oversize", "malformed", "long")
-WEIGHTS = (0.35, 0.25, 0.12, 0.08, 0.10, 0.10)
+KINDS = ("plain", "da", "stream_drop", "oversize", "malformed", "long", "long_context")
+WEIGHTS = (0.30, 0.22, 0.12, 0.07, 0.09, 0.10, 0.10)
+SETTLE_S = 300.0
+"""RSS growth is measured from this far into the soak (start-up and first-use costs
+are paid by then)."""
 
 
 @dataclass(frozen=True)
 class SoakConfig:
+    """``long_tokens``: the document of a ``long_context`` request (DA over it)."""
+
     model: str = "smollm2-135m"
-    seconds: float = 300.0
-    max_requests: int = 2000
-    clients: int = 6
-    kv_blocks: int = 512
+    seconds: float = 1800.0
+    max_requests: int = 20000
+    clients: int = 8
+    kv_blocks: int = 2048
     seed: int = 0
     max_request_bytes: int = 1 << 20
+    rss_every_s: float = 10.0
+    long_tokens: int = 4096
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,25 +70,45 @@ class Tally:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+class RssSampler:
+    """The server's resident memory every ``every_s`` seconds, in a thread of its own."""
+
+    def __init__(self, pid: int, every_s: float) -> None:
+        self.pid, self.every_s = pid, every_s
+        self.samples: list[tuple[float, float]] = []  # (seconds into the soak, MB)
+        self._stop = threading.Event()
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.samples.append((round(time.monotonic() - self._t0, 1), rss_mb(self.pid)))
+            self._stop.wait(self.every_s)
+
+    def stop(self) -> list[tuple[float, float]]:
+        self._stop.set()
+        self._thread.join(self.every_s + 5)
+        return self.samples
 
 
-def _rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+def rss_growth(samples: list[tuple[float, float]], settle_s: float = SETTLE_S) -> float | None:
+    """Growth of the last sample over the first one at or after ``settle_s`` (``None``
+    for a soak shorter than that)."""
+    later = [mb for t, mb in samples if t >= settle_s]
+    if len(later) < 2:
+        return None
+    return later[-1] / later[0] - 1.0
 
 
-def _start(cfg: SoakConfig, port: int) -> subprocess.Popen:
+def _start(cfg: SoakConfig, port: int, kv_cache_dir: str) -> subprocess.Popen:
+    """The server, its prefix cache's disk tier in ``kv_cache_dir`` (the soak's traffic
+    exercises it, and stays out of the user's cache)."""
     exe = Path(sys.executable).with_name("declattn")
     cmd = [
         str(exe), "serve", "--model", cfg.model, "--port", str(port),
         "--kv-blocks", str(cfg.kv_blocks), "--max-request-bytes", str(cfg.max_request_bytes),
-        "--log-level", "warning", "--dtype", "fp32",
+        "--log-level", "warning", "--dtype", "fp32", "--kv-cache-dir", kv_cache_dir,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -101,6 +131,16 @@ _DOC = "\n\n".join(
 )
 
 
+def long_document(n_tokens: int) -> str:
+    """About ``n_tokens`` tokens of notes (four characters a token, roughly)."""
+    lines, i = [], 0
+    while sum(len(x) for x in lines) < 4 * n_tokens:
+        lines.append(f"Record {i}: the lamp of tower {i % 97} was lit at "
+                     f"{(5 * i) % 24}:{(11 * i) % 60:02d} by keeper {i % 13}.")
+        i += 1
+    return "\n\n".join(lines)
+
+
 def _request(kind: str, rng: random.Random, cfg: SoakConfig) -> tuple[str, Any, bool]:
     """``(content type, body, streamed)`` of one request of ``kind``."""
     base = {"model": cfg.model, "temperature": 0, "max_tokens": 12}
@@ -114,6 +154,10 @@ def _request(kind: str, rng: random.Random, cfg: SoakConfig) -> tuple[str, Any, 
         return "json", {**base, "messages": user, "max_tokens": 64, "stream": True}, True
     if kind == "long":
         return "json", {**base, "messages": user, "max_tokens": 400}, False
+    if kind == "long_context":
+        ask = [{"role": "user", "content": f"When was the lamp of tower {rng.randrange(97)} lit?"}]
+        return "json", {**base, "messages": ask, "max_tokens": 48, "declarative_attention": {
+            "context": long_document(cfg.long_tokens)}}, False
     if kind == "oversize":
         return "raw", b'{"model": "x", "messages": [' + b" " * (cfg.max_request_bytes + 10), False
     bad = rng.choice([b"{not json", b'{"model": 7}', b'{"model": "\\ud800", "messages": []}',
@@ -138,7 +182,7 @@ def _one(http: httpx.Client, kind: str, rng: random.Random, cfg: SoakConfig, tal
     ctype, body, streamed = _request(kind, rng, cfg)
     t0 = time.monotonic()
     during_long = tally.long_running > 0
-    if kind == "long":
+    if kind in ("long", "long_context"):
         with tally.lock:
             tally.long_running += 1
     try:
@@ -159,7 +203,7 @@ def _one(http: httpx.Client, kind: str, rng: random.Random, cfg: SoakConfig, tal
         with tally.lock:
             tally.errors.append(f"{kind}: {type(e).__name__}: {e}")
     finally:
-        if kind == "long":
+        if kind in ("long", "long_context"):
             with tally.lock:
                 tally.long_running -= 1
     elapsed = time.monotonic() - t0
@@ -182,12 +226,18 @@ def _pct(values: list[float], q: float) -> float | None:
 def run_soak(cfg: SoakConfig, log: Any = None) -> dict[str, Any]:
     """Start the server, soak it, stop it; the report."""
     say = log or (lambda _m: None)
-    port = _port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     say(f"starting declattn serve on {url}")
-    proc = _start(cfg, port)
+    kv = tempfile.TemporaryDirectory(prefix="declattn-soak-kv-")
+    proc = _start(cfg, port, kv.name)
     try:
-        rss_before = _rss_mb(proc.pid)
+        rss_before = rss_mb(proc.pid)
+        first = {"model": cfg.model, "max_tokens": 8, "temperature": 0,
+                 "messages": [{"role": "user", "content": "Hello."}]}
+        httpx.post(url + "/v1/chat/completions", json=first, timeout=600)
+        rss_first = rss_mb(proc.pid)
+        sampler = RssSampler(proc.pid, cfg.rss_every_s)
         tally = Tally()
         budget = [cfg.max_requests]
         stop_at = time.monotonic() + cfg.seconds
@@ -202,13 +252,15 @@ def run_soak(cfg: SoakConfig, log: Any = None) -> dict[str, Any]:
         wall = time.monotonic() - t0
         time.sleep(2)  # cancelled streams free their blocks between steps
         metrics = parse(httpx.get(url + "/metrics", timeout=30).text)
-        rss_after = _rss_mb(proc.pid)
+        rss_after = rss_mb(proc.pid)
+        samples = sampler.stop()
     finally:
         proc.terminate()
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
+        kv.cleanup()
     codes = tally.status
     return {
         "config": cfg.to_dict(),
@@ -227,7 +279,10 @@ def run_soak(cfg: SoakConfig, log: Any = None) -> dict[str, Any]:
         "blocks_in_use_at_end": metrics.get("declattn_kv_blocks_in_use"),
         "preemptions": metrics.get("declattn_preemptions_total"),
         "server_rss_mb_before": rss_before,
+        "server_rss_mb_after_first_request": rss_first,
         "server_rss_mb_after": rss_after,
+        "rss_samples_mb": samples,
+        "rss_growth_after_5_min": rss_growth(samples),
     }
 
 

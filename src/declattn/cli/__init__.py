@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from declattn.cli import (
     bench_cmd,
+    cache_cmd,
     chat_cmd,
     demo_cmd,
     doctor_cmd,
@@ -33,6 +34,7 @@ _COMMANDS = (
     demo_cmd,
     show_cmd,
     models_cmd,
+    cache_cmd,
     serve_cmd,
     eval_cmd,
     roofline_cmd,

@@ -3,6 +3,7 @@ what it read. ``declattn run`` and ``declattn demo`` both show answers this way.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -56,9 +57,20 @@ def stream_arm(doc: Document | Chat, arm: str, question: str, args: Any, out: An
     return answer
 
 
+def kv_sources(s: Stats) -> str:
+    """Where the prompt's KV came from: the prefix cache in memory, its disk tier, or
+    computed by the prefill (parts that are zero left out)."""
+    parts = [
+        (s.cached_tokens - s.disk_tokens, "from memory"),
+        (s.disk_tokens, "from disk"),
+        (s.prompt_tokens - s.cached_tokens, "computed"),
+    ]
+    return ", ".join(f"{n:,} {where}" for n, where in parts if n)
+
+
 def timing_line(s: Stats) -> str:
     """Prompt, reuse and timing of one answer, on one line."""
-    reused = f" ({s.cached_tokens:,} from the prefix cache)" if s.cached_tokens else ""
+    reused = f" (KV: {kv_sources(s)})" if s.cached_tokens else ""
     return (
         f"prompt {s.prompt_tokens:,} tokens{reused}; {s.output_tokens} generated; "
         f"prefill {s.prefill_seconds:.1f} s; decode {s.decode_seconds:.1f} s "
@@ -67,30 +79,37 @@ def timing_line(s: Stats) -> str:
     )
 
 
+def record_paths(save: str | None, arms: Sequence[str]) -> dict[str, str]:
+    """Where each arm's run record goes: ``save`` itself for one arm, ``NAME.ARM.json``
+    for several (``run --compare --save run.json``: run.da.json, run.vanilla.json)."""
+    if not save:
+        return {}
+    if len(arms) == 1:
+        return {arms[0]: save}
+    return {arm: suffixed(save, arm) for arm in arms}
+
+
 def report_answers(
     answers: dict[str, Answer],
     args: Any,
     out: Any,
     question: str,
-    save: str | None = None,
+    paths: Mapping[str, str] | None = None,
     evidence: list[int] | None = None,
 ) -> None:
-    """Save the run records (``save``, one per arm when several) and print each arm's
-    answer, attended-token table, declarations and timing; DA against vanilla last.
-    ``evidence``: the chunks holding what the question needs, when known (the records
-    then say whether each focus held it)."""
+    """Save the run records (``paths``: arm -> file, see ``record_paths``) and print each
+    arm's answer, attended-token table, declarations and timing; with a DA and a plain
+    (vanilla) answer, the two comparisons last. ``evidence``: the chunks holding what the
+    question needs, when known (the records then say whether each focus held it)."""
     from declattn.show.record import build_record, save_record
 
+    paths = paths or {}
     records = {
         arm: build_record(a, model=args.model, question=question, evidence=evidence)
         for arm, a in answers.items()
     }
-    if save:
-        if len(records) > 1:
-            for arm, rec in records.items():
-                save_record(rec, suffixed(save, arm))
-        else:
-            save_record(next(iter(records.values())), save)
+    for arm, path in paths.items():
+        save_record(records[arm], path)
     if args.json:
         return
     for arm, a in answers.items():
@@ -101,17 +120,17 @@ def report_answers(
         )
         out.print(
             attended_table(
-                rec["by_mode"], rec["totals"], f"{arm}: attended tokens per decode step, summed"
+                rec["by_mode"], rec["totals"], f"{arm}: attended tokens, summed over decode steps"
             )
         )
         decl = declarations_table(rec["declarations"])
         if decl is not None:
             out.print(decl)
         out.print(timing_line(a.stats))
-    if len(answers) == 2:
-        out.print(_compare_table(answers["da"], answers["vanilla"]))
-    if save:
-        out.print(f"run record: {save}")
+    if "da" in answers and "vanilla" in answers:
+        print_comparison(out, answers["da"].stats, answers["vanilla"].stats)
+    for path in paths.values():
+        out.print(f"run record: {path}")
 
 
 def suffixed(path: str, tag: str) -> str:
@@ -120,33 +139,51 @@ def suffixed(path: str, tag: str) -> str:
     return f"{stem}.{tag}.{ext}" if dot else f"{path}.{tag}"
 
 
-def _compare_table(da: Any, van: Any) -> Table:
-    t = Table(title="DA vs vanilla, same engine, same process")
-    for col in ("", "DA", "vanilla", "DA / vanilla"):
+def per_answer_table(a: Stats, b: Stats) -> Table:
+    """Per answer: DA's whole reply (``a``) against the plain reply to the same question
+    (``b``), what a user pays: each figure and its ratio (``PerAnswer``)."""
+    from declattn.api.results import PerAnswer
+
+    r = PerAnswer.of(a, b)
+    t = Table(title="per answer: DA reply vs plain reply (same question, same engine)")
+    for col in ("", "DA", "plain", "DA / plain"):
         t.add_column(col, justify="right")
     rows = [
-        ("decode steps", da.stats.decode_steps, van.stats.decode_steps),
-        ("attended tokens", da.stats.logical_attended, van.stats.logical_attended),
-        ("KV bytes read", da.stats.bytes_read, van.stats.bytes_read),
-        ("decode seconds", da.stats.decode_seconds, van.stats.decode_seconds),
+        ("reply tokens", a.output_tokens, b.output_tokens, r.tokens),
+        ("forwards (decode model calls)", a.decode_steps, b.decode_steps, r.forwards),
+        ("attended tokens", a.logical_attended, b.logical_attended, r.attended),
+        ("KV bytes read", a.bytes_read, b.bytes_read, r.kv_bytes),
+        ("decode seconds", a.decode_seconds, b.decode_seconds, r.seconds),
     ]
-    for name, a, b in rows:
-        fa = f"{a:.2f}" if isinstance(a, float) else f"{a:,}"
-        fb = f"{b:.2f}" if isinstance(b, float) else f"{b:,}"
-        t.add_row(name, fa, fb, f"{a / b:.2f}x" if b else "-")
-    per_a = da.stats.decode_seconds / max(1, da.stats.decode_steps)
-    per_b = van.stats.decode_seconds / max(1, van.stats.decode_steps)
-    t.add_row(
-        "seconds per step",
-        f"{per_a:.4f}",
-        f"{per_b:.4f}",
-        f"{per_a / per_b:.2f}x" if per_b else "-",
-    )
+    for name, x, y, ratio in rows:
+        fx = f"{x:.2f}" if isinstance(x, float) else f"{x:,}"
+        fy = f"{y:.2f}" if isinstance(y, float) else f"{y:,}"
+        t.add_row(name, fx, fy, f"{ratio:.2f}x")
     return t
 
 
+def per_step_line(stats: Stats) -> str:
+    """The saving per step: a reply against the same reply read in full (DA vs DA-nm)."""
+    return (
+        f"per step (vs the same reply read in full): {stats.saving:.1%} of attended tokens "
+        f"saved ({stats.physical_saving:.1%} of KV blocks)"
+    )
+
+
+def print_comparison(out: Any, da: Stats, plain: Stats) -> None:
+    """Both comparisons, named: per answer (DA's reply against the plain reply), then per
+    step (against the same reply read in full), then which reply was cheaper."""
+    from declattn.api.results import PerAnswer
+
+    out.print(per_answer_table(da, plain))
+    out.print(per_step_line(da))
+    out.print(f"[bold]{PerAnswer.of(da, plain).verdict()}[/]")
+
+
 def summary(answers: dict[str, Answer]) -> dict[str, Any]:
-    """The answers as JSON-ready dicts (``--json``)."""
+    """The answers as JSON-ready dicts (``--json``); each arm's ``saving`` is per step
+    (against the same reply read in full), ``per_answer`` (DA and vanilla both run) is
+    DA's reply over the plain one (``PerAnswer``)."""
     out = {}
     for arm, a in answers.items():
         s = a.stats
@@ -162,6 +199,7 @@ def summary(answers: dict[str, Answer]) -> dict[str, Any]:
                 "decode_steps": s.decode_steps,
                 "prefill_seconds": s.prefill_seconds,
                 "cached_tokens": s.cached_tokens,
+                "disk_tokens": s.disk_tokens,
                 "decode_seconds": s.decode_seconds,
                 "logical_attended": s.logical_attended,
                 "physical_attended": s.physical_attended,
@@ -171,4 +209,11 @@ def summary(answers: dict[str, Answer]) -> dict[str, Any]:
                 "by_mode": s.by_mode,
             },
         }
+    if "da" in answers and "vanilla" in answers:
+        from dataclasses import asdict
+
+        from declattn.api.results import PerAnswer
+
+        pa = PerAnswer.of(answers["da"].stats, answers["vanilla"].stats)
+        out["per_answer"] = {**asdict(pa), "verdict": pa.verdict()}
     return out

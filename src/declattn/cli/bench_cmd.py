@@ -36,7 +36,7 @@ def add_parser(sub: Any) -> None:
     dec.add_argument("--parts", default="micro,e2e,hf",
                      help="which parts to run, comma separated (micro, e2e, hf)")
     dec.add_argument("--threads", type=int, default=None,
-                     help="torch threads (default: one per core the load average leaves idle)")
+                     help="torch threads (default: one per core measured idle at the start)")
     dec.add_argument("--quick", action="store_true", help="small sizes: a sanity run")
     dec.add_argument("--out", default="out/bench", help="directory for the JSON and PNG")
     dec.set_defaults(func=run_decode)
@@ -65,6 +65,10 @@ def add_parser(sub: Any) -> None:
     ru.add_argument("--max-tokens", type=int, default=96)
     ru.add_argument("--seed", type=int, default=0)
     ru.add_argument("--server", action="store_true", help="repeat through the server")
+    ru.add_argument("--across-processes", action="store_true",
+                    help="instead: a cold question in a fresh process, the same question in a "
+                    "new process (KV from the disk tier) and a second question in the first "
+                    "(KV from memory); in a temporary cache directory, removed after")
     ru.add_argument("--threads", type=int, default=None)
     ru.add_argument("--out", default="out/bench", help="directory for the JSON")
     ru.set_defaults(func=run_reuse)
@@ -73,10 +77,14 @@ def add_parser(sub: Any) -> None:
         help="soak a real server on loopback with mixed, partly hostile traffic (bounded)",
     )
     add_model_arg(so, default="smollm2-135m")
-    so.add_argument("--seconds", type=float, default=300.0)
-    so.add_argument("--max-requests", type=int, default=2000)
-    so.add_argument("--clients", type=int, default=6)
-    so.add_argument("--kv-blocks", type=int, default=512)
+    so.add_argument("--seconds", type=float, default=1800.0, help="soak length (default 30 min)")
+    so.add_argument("--max-requests", type=int, default=20000)
+    so.add_argument("--clients", type=int, default=8, help="requests at once (default 8)")
+    so.add_argument("--kv-blocks", type=int, default=2048)
+    so.add_argument("--long-tokens", type=int, default=4096,
+                    help="document tokens of the long DA requests (default 4096)")
+    so.add_argument("--rss-every", type=float, default=10.0,
+                    help="seconds between samples of the server's memory (default 10)")
     so.add_argument("--seed", type=int, default=0)
     so.add_argument("--out", default="out/bench", help="directory for the JSON")
     so.set_defaults(func=run_soak)
@@ -87,6 +95,16 @@ def add_parser(sub: Any) -> None:
 
     add_arguments(pe, _ints)
     pe.set_defaults(func=run_peers)
+    th = bsub.add_parser(
+        "throughput",
+        help="N concurrent long-context requests: aggregate tokens/s, inter-token latency, "
+        "bytes per step; in process, through the server against llama-server, and with "
+        "prompts arriving while streams decode",
+    )
+    from declattn.bench.throughput_report import add_arguments as throughput_arguments
+
+    throughput_arguments(th, _ints)
+    th.set_defaults(func=run_throughput)
     we = bsub.add_parser(
         "weights", help="accuracy of packed GGUF weights against the file dequantised to fp32"
     )
@@ -131,7 +149,7 @@ def run_decode(args: argparse.Namespace) -> int:
     from declattn.bench.decode_report import machine_line, tables
     from declattn.engine.threads import use_threads
 
-    threads = use_threads(args.threads)
+    threads = use_threads(args.threads).threads
     overrides = {
         "contexts": args.contexts,
         "e2e_contexts": args.e2e_contexts,
@@ -216,6 +234,24 @@ def run_peers(args: argparse.Namespace) -> int:
         return run(args)
 
 
+def run_throughput(args: argparse.Namespace) -> int:
+    from declattn.bench.throughput_report import run, tables
+
+    err = console(stderr=True)
+    try:
+        with user_errors():
+            result = run(args, log=lambda msg: err.print(f"[dim]{msg}[/dim]"))
+    except ValueError as e:
+        raise UserError(str(e)) from e
+    con = console()
+    for table in tables(result):
+        con.print(table)
+    m = result["machine"]
+    con.print(f"{result['model']}, {m['cpu']}, {m['torch_threads']} threads, {m['date']}; "
+              f"wrote {result['path']}")
+    return 0
+
+
 def run_reuse(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -227,12 +263,15 @@ def run_reuse(args: argparse.Namespace) -> int:
 
     if args.questions < 1 or not 0 <= args.independent <= args.questions:
         raise UserError("--questions must be >= 1 and --independent in [0, --questions]")
-    threads = use_threads(args.threads)
+    threads = use_threads(args.threads).threads
     cfg = ReuseConfig(args.tokens, args.questions, args.independent, args.max_tokens,
                       args.seed, args.server)
     err = console(stderr=True)
+    if args.across_processes:
+        return _reuse_across_processes(args, cfg, threads, err)
     with user_errors():
-        engine = Engine.from_pretrained(args.model)
+        # the first question is the cold one: nothing from an earlier run's disk tier
+        engine = Engine.from_pretrained(args.model, kv_disk=False)
         result = bench(engine, cfg, log=lambda msg: err.print(f"[dim]{msg}[/dim]"))
     result["machine"] = machine_info() | {"torch_threads": threads}
     result["model"] = args.model
@@ -244,6 +283,50 @@ def run_reuse(args: argparse.Namespace) -> int:
     for part in ("engine", "server"):
         if part in result:
             con.print(_reuse_table(part, result[part]))
+    con.print(f"wrote {path}")
+    return 0
+
+
+def _reuse_across_processes(args: argparse.Namespace, cfg: Any, threads: int, err: Any) -> int:
+    from pathlib import Path
+
+    from rich.table import Table
+
+    from declattn.bench.machine import machine_info
+    from declattn.bench.reuse_processes import run_across_processes
+
+    with user_errors():
+        r = run_across_processes(args.model, cfg, threads,
+                                 log=lambda msg: err.print(f"[dim]{msg}[/dim]"))
+    r |= {"config": cfg.to_dict(), "model": args.model,
+          "machine": machine_info() | {"torch_threads": threads}}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "reuse_processes.json"
+    path.write_text(json.dumps(r, indent=1))
+    t = Table(title=f"{args.model}: one document across processes")
+    for col in ("question", "TTFT s", "memory / disk / computed tokens", "correct"):
+        t.add_column(col, justify="right")
+    for name, key in (("cold process, question 1", "cold"),
+                      ("same process, question 2", "in_process_second"),
+                      ("new process, question 1", "new_process")):
+        a = r[key]
+        memory = a["cached_tokens"] - a["disk_tokens"]
+        computed = a["prompt_tokens"] - a["cached_tokens"]
+        t.add_row(name, f"{a['ttft_seconds']:.2f}",
+                  f"{memory:,} / {a['disk_tokens']:,} / {computed:,}",
+                  "yes" if a["expected"].lower() in (a["answer"] or "").lower() else "no")
+    per_token = r["disk_bytes_per_cached_token"]
+    t.caption = (
+        f"new process / cold: {r['new_over_cold']:.4f} (goal <= {r['goals']['new_over_cold']}); "
+        f"new process / in-process second: {r['new_over_in_process']:.2f} "
+        f"(goal <= {r['goals']['new_over_in_process']}); disk: {r['disk_files']} files, "
+        + (f"{per_token:,.0f} bytes per cached token " if per_token else "nothing written ")
+        + f"(KV {r['kv_bytes_per_token']:,} in {r['kv_dtype']}); start-up "
+        f"{r['startup_seconds']['cold']:.1f} s / {r['startup_seconds']['new']:.1f} s"
+    )
+    con = console()
+    con.print(t)
     con.print(f"wrote {path}")
     return 0
 
@@ -278,8 +361,10 @@ def run_soak(args: argparse.Namespace) -> int:
 
     if args.seconds <= 0 or args.max_requests < 1 or args.clients < 1:
         raise UserError("--seconds, --max-requests and --clients must be positive")
+    if args.rss_every <= 0 or args.long_tokens < 1:
+        raise UserError("--rss-every and --long-tokens must be positive")
     cfg = SoakConfig(args.model, args.seconds, args.max_requests, args.clients, args.kv_blocks,
-                     args.seed)
+                     args.seed, rss_every_s=args.rss_every, long_tokens=args.long_tokens)
     err = console(stderr=True)
     result = soak(cfg, log=lambda m: err.print(f"[dim]{m}[/dim]"))
     result["machine"] = machine_info()
@@ -287,11 +372,12 @@ def run_soak(args: argparse.Namespace) -> int:
     keys = ("requests", "served_2xx", "client_4xx", "server_5xx", "short_p50_seconds",
             "short_p95_seconds", "short_p50_during_long_seconds",
             "short_p95_during_long_seconds", "blocks_in_use_at_end", "preemptions",
-            "server_rss_mb_before", "server_rss_mb_after")
+            "server_rss_mb_before", "server_rss_mb_after_first_request", "server_rss_mb_after",
+            "rss_growth_after_5_min")
     con = console()
     for k in keys:
         v = result[k]
-        con.print(f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: {v}")
+        con.print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
     con.print(f"wrote {path}")
     return 0 if result["server_5xx"] == 0 and result["blocks_in_use_at_end"] == 0 else 1
 

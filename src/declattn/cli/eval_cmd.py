@@ -12,7 +12,15 @@ from typing import Any
 
 from rich.console import Console
 
-from declattn.cli.common import UserError, add_dtype_arg, add_model_arg, console, user_errors
+from declattn.cli.common import (
+    UserError,
+    add_dtype_arg,
+    add_kv_cache_args,
+    add_model_arg,
+    console,
+    kv_cache_kwargs,
+    user_errors,
+)
 
 
 def add_parser(sub: Any) -> None:
@@ -33,10 +41,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--arms",
         default="all",
-        help="comma list of vanilla, da-nm, da, da-constrained, da-find, "
-        "da-find-constrained, da-find-index, streaming, quest, da-model (the model's own "
-        "DA settings: a model trained to declare), da-model-wrong (the same, every focused "
-        "read forced to a chunk without the evidence); or all",
+        help="comma list of vanilla, vanilla-chunks, da-nm, da, da-constrained, da-find, "
+        "da-find-constrained, da-find-index, da-economy, streaming, quest; or all; and "
+        "da-model (the model's own DA settings: a model trained to declare), "
+        "da-model-wrong (the same, every focused read forced to a chunk without the "
+        "evidence)",
     )
     p.add_argument(
         "--budget-arm", default="da",
@@ -65,6 +74,7 @@ def add_parser(sub: Any) -> None:
         "--no-prefix-cache", action="store_true",
         help="prefill every arm's prompt anew (by default arms over one prompt reuse its KV)",
     )
+    add_kv_cache_args(p)
     p.add_argument(
         "--backend", choices=["engine", "vllm"], default="engine",
         help="engine: ours; vllm: the arms through vLLM 0.32 with the DA plugin, batched, "
@@ -118,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
     from declattn.engine.threads import use_threads
     from declattn.eval.runner import EvalSpec
 
-    use_threads(args.threads)
+    con = console()
+    con.print(f"[dim]{use_threads(args.threads).line()}[/]")
 
     spec = EvalSpec(
         model=args.model,
@@ -133,7 +144,6 @@ def run(args: argparse.Namespace) -> int:
     )
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    con = console()
     with user_errors():
         if args.backend == "vllm":
             from declattn.cli.vllm_backend import evaluate as evaluate_vllm
@@ -146,7 +156,8 @@ def run(args: argparse.Namespace) -> int:
         def load() -> Any:
             with con.status(f"loading {args.model}"):
                 return Engine.from_pretrained(
-                    args.model, dtype=args.dtype, prefix_caching=not args.no_prefix_cache
+                    args.model, dtype=args.dtype, prefix_caching=not args.no_prefix_cache,
+                    **kv_cache_kwargs(args),
                 )
 
         rows = _run_with_progress(_Lazy(load), spec, out_dir, judge, con)

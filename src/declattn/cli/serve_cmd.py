@@ -7,7 +7,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-from declattn.cli.common import UserError, add_dtype_arg, add_model_arg, console, user_errors
+from declattn.cli.common import (
+    UserError,
+    add_dtype_arg,
+    add_kv_cache_args,
+    add_model_arg,
+    console,
+    kv_cache_kwargs,
+    user_errors,
+)
 
 API_KEY_ENV = "DECLATTN_API_KEY"
 
@@ -39,9 +47,17 @@ def add_parser(sub: Any) -> None:
     add_dtype_arg(p, ("fp16",))
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="never reuse an earlier prompt's KV (on by default)")
+    add_kv_cache_args(p)
     p.add_argument("--batch-invariant", action="store_true",
                    help="decode each request in a model call of its own, so greedy text never "
                    "depends on the batch (slower under concurrent load; docs/server.md)")
+    p.add_argument("--prefill-budget", type=int, default=None,
+                   help="prompt tokens one step computes beside the running requests' decode "
+                   "rows: lower keeps streams flowing, higher gives new prompts their first "
+                   "token sooner (default 256; docs/server.md)")
+    p.add_argument("--prefill-first", action="store_true",
+                   help="run a prompt's prefill alone, pausing every stream meanwhile (the "
+                   "scheduling before mixed steps, for comparison)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
     limits = p.add_argument_group("limits and access (see docs/server.md)")
     limits.add_argument("--max-request-bytes", type=int, default=None,
@@ -89,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
     out = console(stderr=True)
     with user_errors():
         with out.status(f"loading {args.model}"):
-            engine = load_engine(args.model, dtype=args.dtype, device=args.device)
+            engine = load_engine(args.model, dtype=args.dtype, device=args.device,
+                                 **kv_cache_kwargs(args))
     serve(engine, config, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -108,6 +125,7 @@ def server_config(args: argparse.Namespace) -> Any:
         ("--port", args.port, 0),
         ("--max-request-bytes", args.max_request_bytes, 1),
         ("--prepare-workers", args.prepare_workers, 1),
+        ("--prefill-budget", args.prefill_budget, 1),
     ):
         if value is not None and value < low:
             raise UserError(f"{flag} must be at least {low}")
@@ -130,6 +148,8 @@ def server_config(args: argparse.Namespace) -> Any:
         aliases=tuple({args.model} - {name}),
         prefix_caching=not args.no_prefix_cache,
         batch_invariant=args.batch_invariant,
+        prefill_budget=args.prefill_budget,
+        prefill_first=args.prefill_first,
         request_timeout_s=args.request_timeout,
         api_key=api_key,
         allowed_hosts=_names(args.allowed_hosts),
@@ -156,12 +176,14 @@ def _names(value: str | None) -> tuple[str, ...] | None:
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
 
-def load_engine(model: str, dtype: str | None = None, device: str | None = None) -> Any:
+def load_engine(
+    model: str, dtype: str | None = None, device: str | None = None, **kv_cache: Any
+) -> Any:
     """The facade for a server; its own KV pool is never allocated (the server makes one
-    of ``--kv-blocks``)."""
+    of ``--kv-blocks``). ``kv_cache``: ``kv_cache_kwargs`` (the prefix cache's disk tier)."""
     from declattn.api import Engine
 
-    return Engine.from_pretrained(model, dtype=dtype, device=device)
+    return Engine.from_pretrained(model, dtype=dtype, device=device, **kv_cache)
 
 
 def serve(engine: Any, config: Any, *, host: str, port: int, log_level: str = "info") -> None:

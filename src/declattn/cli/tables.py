@@ -18,9 +18,16 @@ MODE_STYLES = {
 }
 
 
+PER_STEP_CAPTION = "saved per step: against the same reply read in full (DA vs DA-nm)"
+
+
 def attended_table(by_mode: dict[str, dict[str, int]], totals: dict[str, Any], title: str) -> Table:
-    table = Table(title=title)
-    for col in ("mode", "steps", "attended (logical)", "attended (physical)", "vanilla", "saving"):
+    """Attended tokens per mode, with the saving per step: the reply against the same
+    reply read in full. Never the saving per answer (``answering.per_answer_table``)."""
+    table = Table(title=title, caption=PER_STEP_CAPTION)
+    cols = ("mode", "steps", "attended (logical)", "attended (physical)", "read in full",
+            "saved per step")
+    for col in cols:
         table.add_column(col, justify="left" if col == "mode" else "right")
     for mode, row in by_mode.items():
         if not row["steps"]:

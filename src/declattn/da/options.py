@@ -17,15 +17,6 @@ from declattn.protocol.instruction import (
 )
 from declattn.protocol.segment import Chunk, token_counter
 
-MIN_CONTEXT_CHUNKS = 1.5
-"""The default break-even, in chunks of ``DAOptions.target``: a shorter context runs
-vanilla. Measured on qwen2.5-0.5b (planted facts, 3-5 documents per length, 2026-12-01,
-docs/eval.md "Break-even"): with 2,048-token chunks, DA read more tokens per decode step
-than vanilla at 2K (1.04x with chunk ids; one chunk holds nearly everything, and the DA
-prompt is longer) and fewer from 3K on (0.88x ids, 0.68x find; 0.57x / 0.35x at 16K).
-Below 1.5 chunks a focus keeps two thirds of the context or more, which the
-instruction's tokens outweigh."""
-
 
 @dataclass(frozen=True)
 class DAOptions:
@@ -42,8 +33,8 @@ class DAOptions:
     ``both`` (the find instruction, both constraints); the reader accepts either form
     whatever is chosen. ``index``: a token budget for an in-context index of the chunks
     (one line each, in the find instruction); 0 is none. ``min_context``: a context
-    shorter than this many tokens runs vanilla (and says so); ``None`` is
-    ``MIN_CONTEXT_CHUNKS`` times ``target``, 0 never falls back. ``scaffold_local``:
+    shorter than this many tokens runs vanilla (and says so); ``None`` decides by the
+    expected cost of the whole reply (``declattn.da.gate``), 0 never falls back. ``scaffold_local``:
     steps that write protocol text (a tag, the space between blocks) read only what
     ``<local>`` reads (``declattn.da.state``). ``jump_forward``: text the protocol fixes
     (the rest of a tag once it is decided) is appended in one forward instead of one
@@ -82,14 +73,6 @@ class DAOptions:
         }
         return cls(**{**base, **changes})
 
-    @property
-    def context_floor(self) -> int:
-        """The shortest context that runs DA: ``min_context``, or by default
-        ``MIN_CONTEXT_CHUNKS`` chunks' worth of ``target`` tokens."""
-        if self.min_context is not None:
-            return self.min_context
-        return round(MIN_CONTEXT_CHUNKS * self.target)
-
     def instruction_for(self, chunks: Sequence[Chunk], tokenizer: Any) -> str:
         """The instruction this request's prompt opens with: the model's own if it has
         one, else the one teaching ``focus`` (with the chunk index if asked)."""
@@ -109,10 +92,13 @@ trained to declare knows its chunk size and instruction."""
 
 
 def model_da_defaults(directory: Path | None) -> DAOptions:
-    """``DAOptions`` with the fields the model directory's settings file sets."""
+    """``DAOptions`` with the fields the model directory's settings file sets; for a model
+    without one (an off-the-shelf model), the economical protocol, whose whole reply
+    reads less than the plain reply (docs/eval.md, "Per answer"), with the constraint
+    left to the engine (on for small models)."""
     path = directory / MODEL_SETTINGS_FILE if directory is not None else None
     if path is None or not path.is_file():
-        return DAOptions()
+        return DAOptions.economy(constrain=None)
     try:
         raw = json.loads(path.read_text())["da"]
         return DAOptions(**raw)

@@ -8,7 +8,8 @@ code runs dense (tests, parity), paged-full (prefill) and paged-with-view (DA de
 A layer runner that does a whole decode step in one native call (``quant/decode_layers``)
 cannot call back per layer; ``PlannedDecode`` lets it ask the ``AttentionFn`` up front
 what each layer stores and reads (``DecodeReads``), and the function still counts the
-reads. Where the function cannot say (or is not paged), the runner calls it per layer.
+reads. Where the function cannot say why not (or is not paged), the modules run the step
+and call it per layer (``engine/route.py``).
 """
 
 from __future__ import annotations
@@ -55,8 +56,8 @@ class DecodeReads:
     """The step's rows (its decode rows): the ``T`` of ``h [T, hidden]``."""
     k_pools: list[Tensor]
     v_pools: list[Tensor]
-    row: int
-    """The first pool row of the step's new tokens, which are consecutive."""
+    rows: Tensor
+    """The pool row of each of the step's new tokens (int64 ``[T]``)."""
     runs: list[Tensor]
     offsets: list[Tensor]
     """Per layer, the decode kernel's ``runs`` and ``offsets`` (``decode.RunBatch``)."""
@@ -71,8 +72,9 @@ class PlannedDecode(ABC):
     attributes on every call."""
 
     @abstractmethod
-    def decode_reads(self, windows: Sequence[int | None]) -> DecodeReads | None:
-        """The reads of this step's layers (``windows[i]``: layer i's sliding window,
-        ``None`` for a global layer), or ``None`` where the step must go layer by layer
-        through ``__call__`` (a prefill row, query-aware selection, new rows not
-        consecutive, a kernel or dtype the native path does not serve)."""
+    def decode_reads(self, windows: Sequence[int | None]) -> DecodeReads | str | None:
+        """The reads of this pure decode step's layers (``windows[i]``: layer i's sliding
+        window, ``None`` for a global layer; one per layer). ``None`` where the step is not
+        a pure decode step (a prefill row in it: the modules' work); for a decode step whose
+        reads cannot be planned up front, a sentence saying why (query-aware selection: a
+        layer's blocks depend on its query; the torch decode kernel)."""

@@ -15,11 +15,28 @@ instead of a ``getattr`` probe that silently falls back.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from declattn.protocol.layout import RESPONSE, SCAFFOLD
+
+
+@dataclass(frozen=True)
+class ForcedTokens:
+    """Tokens a request's protocol fixes next (a closing tag, the rest of a decided one):
+    the engine appends them without sampling, and the sequence's next forward computes
+    all of them at once, one row each, instead of one decode step each.
+
+    ``replaces_last`` is token healing: the newest token (not yet in the KV cache) is
+    taken back and ``tokens`` written in its place, so the text keeps the tokenisation
+    the model itself would give it. Their decoded text must start with the taken-back
+    token's text, which was already reported; only what follows it is reported again.
+    """
+
+    tokens: tuple[int, ...]
+    replaces_last: bool = False
 
 
 class Controller:
@@ -54,6 +71,19 @@ class Controller:
         the sequence."""
         return None
 
+    def forced(self) -> ForcedTokens | None:
+        """Tokens the protocol fixes next, appended without sampling (jump-forward);
+        ``None`` (the default) samples the next token as usual.
+
+        Asked after a token is accepted (sampled or forced) while the sequence goes on,
+        unless tokens it returned earlier are still to be appended: those are appended
+        first, each through the ordinary acceptance (text, stop strings, ``max_tokens``,
+        EOS, ``on_token``). The view of each row is asked for in order, interleaved with
+        ``on_token``: a row's view is the state after its input token, as in decode. A
+        row whose sequence the controller itself finishes before the next forward (its
+        ``on_token`` returns a reason) never runs, though its view was asked for."""
+        return None
+
     def regions(self, start: int, stop: int) -> list[int]:
         """The region of each position in ``[start, stop)`` (see ``Layout.regions``),
         for models that never mix a token's neighbours across regions. A plain prompt
@@ -83,6 +113,9 @@ class Delegating(Controller):
 
     def on_token(self, token_id: int, text: str) -> str | None:
         return self.inner.on_token(token_id, text)
+
+    def forced(self) -> ForcedTokens | None:
+        return self.inner.forced()
 
     def regions(self, start: int, stop: int) -> list[int]:
         return self.inner.regions(start, stop)

@@ -1,11 +1,12 @@
 """Decode attention: every decode row of a layer over the pool rows of its ``RunPlan``.
 
-One call of the fused kernel (``native.py``) serves all decode rows of a layer: for each
-row and KV head it walks the kept rows once, in tiles, scoring them against all of that
-head's query heads (GQA), with an online softmax and fp32 accumulation. A run costs a
-few pointers, not a torch call, so a DA view of a few runs reads at the speed of a full
-one. Where the kernel cannot be had (no compiler, a non-CPU pool), the same result comes
-from torch ops (``decode_torch.py``), one row at a time.
+One call of the fused kernel (``csrc/decode_attn.cpp``, in the native extension) serves all
+decode rows of a layer: for each row and KV head it walks the kept rows once, in tiles,
+scoring them against all of that head's query heads (GQA), with an online softmax and
+fp32 accumulation. A run costs a few pointers, not a torch call, so a DA view of a few
+runs reads at the speed of a full one. Where the kernel cannot be had (no extension, a
+non-CPU pool), the same result comes from torch ops (``decode_torch.py``), one row at a
+time.
 """
 
 from __future__ import annotations

@@ -41,6 +41,8 @@ class Detokenizer:
     text: str = ""
     _backend: Tokenizer | None = field(init=False, repr=False, default=None)
     _stream: DecodeStream | None = field(init=False, repr=False, default=None)
+    _last: str = field(init=False, repr=False, default="")
+    _owed: str = field(init=False, repr=False, default="")
 
     def __post_init__(self) -> None:
         self._backend = _backend(self.tokenizer)
@@ -48,7 +50,35 @@ class Detokenizer:
             self._stream = DecodeStream(skip_special_tokens=True)
 
     def add(self, token_id: int) -> str:
-        """Append a token; return the text it completes (possibly empty)."""
+        """Append a token; return the text it completes (possibly empty). After
+        ``take_back``, text the taken-back token had given is not given again."""
+        self._last = delta = self._add(token_id)
+        if not self._owed:
+            return delta
+        owed, self._owed = self._owed, ""
+        if delta.startswith(owed):
+            return delta[len(owed) :]
+        if owed.startswith(delta):
+            self._owed = owed[len(delta) :]
+            return ""
+        raise ValueError(f"token healing: the new text {delta!r} does not start with the "
+                         f"taken-back text {owed!r}")
+
+    def take_back(self) -> None:
+        """Forget the newest token (token healing). Its text was given and stays given:
+        the text of the tokens added next must start with it, and only what follows it
+        is returned."""
+        if self._owed:
+            raise ValueError("token healing: a token is already taken back")
+        self.ids.pop()
+        self.text = self.text[: len(self.text) - len(self._last)]
+        self._owed, self._last = self._last, ""
+        if self._stream is not None:  # a stream cannot step back: replay the rest once
+            self._stream = DecodeStream(skip_special_tokens=True)
+            for token_id in self.ids:
+                self._stream.step(self._backend, token_id)
+
+    def _add(self, token_id: int) -> str:
         self.ids.append(token_id)
         if self._stream is not None:
             try:

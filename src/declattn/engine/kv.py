@@ -106,12 +106,10 @@ class KVCache:
             torch.zeros(shape, dtype=config.dtype, device=config.device)
             for _ in range(config.n_layers)
         ]
-        # consecutive new rows of a CPU pool are stored in one native call (kv_store.cpp)
+        # a step's new rows of a CPU pool are stored in one native call (kv_store.cpp)
         self._store = store_op() if torch.device(config.device).type == "cpu" else None
         self.blocks = BlockAllocator(config.num_blocks, caching=prefix_caching)
         self._tables: dict[int, list[int]] = {}
-        self._arrays: dict[int, np.ndarray] = {}
-        self._inverses: dict[int, np.ndarray] = {}
 
     # -- queries -------------------------------------------------------------------
     @property
@@ -150,25 +148,8 @@ class KVCache:
         return tuple(self._tables.get(seq_id, ()))
 
     def block_array(self, seq_id: int) -> np.ndarray:
-        """``block_table`` as an int64 array, built once per change of the table (a
-        decode step at 128K tokens would otherwise convert 8K ids per step)."""
-        arr = self._arrays.get(seq_id)
-        if arr is None:
-            arr = np.asarray(self._tables.get(seq_id, ()), dtype=np.int64)
-            arr.flags.writeable = False
-            self._arrays[seq_id] = arr
-        return arr
-
-    def block_inverse(self, seq_id: int) -> np.ndarray:
-        """Logical index of each physical block of the sequence (-1 for blocks not in
-        it), indexed by physical id up to the sequence's largest; cached like
-        ``block_array``. Lets a plan name the logical blocks its pool reads cover."""
-        inv = self._inverses.get(seq_id)
-        if inv is None:
-            inv = inverse_table(self.block_array(seq_id))
-            inv.flags.writeable = False
-            self._inverses[seq_id] = inv
-        return inv
+        """``block_table`` as an int64 array."""
+        return np.asarray(self._tables.get(seq_id, ()), dtype=np.int64)
 
     def capacity(self, seq_id: int) -> int:
         """Token positions the sequence's blocks can hold."""
@@ -224,30 +205,44 @@ class KVCache:
 
     def _set_table(self, seq_id: int, table: list[int]) -> None:
         self._tables[seq_id] = table
-        self._arrays.pop(seq_id, None)
-        self._inverses.pop(seq_id, None)
 
     def free(self, seq_id: int) -> int:
         """Return a sequence's blocks to the pool; returns how many were freed."""
         table = self._tables.pop(seq_id, [])
-        self._arrays.pop(seq_id, None)
-        self._inverses.pop(seq_id, None)
         self.blocks.release(table)
         return len(table)
 
+    def export_rows(self, seq_id: int, start: int, stop: int) -> tuple[Tensor, Tensor]:
+        """A copy of the K and V of ``seq_id``'s positions ``[start, stop)`` in every layer,
+        on the CPU: ``[n_layers, n_kv_heads, stop - start, head_dim]`` each, the pools'
+        dtype and bytes (the disk tier writes them)."""
+        rows = self.slots(seq_id, start, stop)
+        k = torch.stack([pool.index_select(1, rows) for pool in self.k])
+        v = torch.stack([pool.index_select(1, rows) for pool in self.v])
+        return k.cpu(), v.cpu()
+
+    def import_rows(self, seq_id: int, start: int, k: Tensor, v: Tensor) -> None:
+        """Store ``export_rows``-shaped ``k``/``v`` at ``seq_id``'s positions from ``start``
+        (its blocks must be allocated); the bytes land as they are."""
+        rows = self.slots(seq_id, start, start + k.shape[2])
+        for layer in range(self.config.n_layers):
+            self.k[layer].index_copy_(1, rows, k[layer].to(self.config.device))
+            self.v[layer].index_copy_(1, rows, v[layer].to(self.config.device))
+
     # -- writes --------------------------------------------------------------------
     def stores_natively(self) -> bool:
-        """Whether ``write`` stores consecutive rows of the pools' dtype by the native
-        kernel (``csrc/kv_store.cpp``), which a native layer runner calls itself."""
+        """Whether ``write`` stores rows of the pools' dtype by the native kernel
+        (``csrc/kv_store.cpp``), which a native layer runner calls itself."""
         return self._store is not None
 
     def write(self, layer: int, slots: Tensor | slice, k: Tensor, v: Tensor) -> None:
         """Store ``k``/``v`` (``[T, n_kv_heads, head_dim]``) at pool rows ``slots`` (an
-        index tensor, or a slice for consecutive rows: a plain copy)."""
+        index tensor, or a slice for consecutive rows: a plain copy on the torch path)."""
+        if self._store is not None and k.dtype == v.dtype == self.config.dtype:
+            rows = slots if isinstance(slots, Tensor) else torch.arange(slots.start, slots.stop)
+            self._store(self.k[layer], self.v[layer], k, v, rows)
+            return
         if isinstance(slots, slice):
-            if self._store is not None and k.dtype == v.dtype == self.config.dtype:
-                self._store(self.k[layer], self.v[layer], k, v, slots.start)
-                return
             self.k[layer][:, slots].copy_(k.transpose(0, 1))
             self.v[layer][:, slots].copy_(v.transpose(0, 1))
             return

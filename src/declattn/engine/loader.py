@@ -35,6 +35,7 @@ from declattn.engine.quant.fuse import fuse_gguf_projections
 from declattn.engine.quant.gguf_weights import QuantPolicy
 from declattn.engine.quant.linear import QuantLinear
 from declattn.engine.quant.store import QuantSummary, install, load_packed
+from declattn.engine.route import choose_route
 
 CONVERTER_VERSION = "1"
 """Part of every cache key: bump it when the conversion's output changes."""
@@ -308,8 +309,9 @@ def _load_hf_dir(
     except RuntimeError as e:
         raise IncompleteModelError(f"{directory}: weights do not fit the config ({e})") from e
     if quant is not None:
-        fuse_gguf_projections(model)  # q/k/v, gate/up one call each; the layer runner
+        fuse_gguf_projections(model)  # q/k/v, gate/up one call each
     model.eval()
+    choose_route(model)  # how its decode steps run, and why
     return model, config, _load_tokenizer(directory, where), summary
 
 

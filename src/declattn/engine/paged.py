@@ -10,7 +10,7 @@ Prefill rows (and chunked prefill) attend causally over every stored position
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,47 +25,18 @@ from declattn.engine.decode import (
     decode_batch,
     resolve_kernel,
 )
-from declattn.engine.kv import KVCache
+from declattn.engine.forced_rows import (
+    RowsPlan,
+    plan_rows,
+    rows_attention,
+    window_blocks,
+    window_keys,
+)
+from declattn.engine.kv import KVCache, inverse_table
 from declattn.engine.prefill import prefill_attention, viewed_prefill_attention
 from declattn.engine.reads import BlockRead, ReadCounter
-from declattn.engine.runs import Carried, PlanCarry, RunPlan, plan_runs, sorted_unique, view_key
-
-
-@dataclass(frozen=True)
-class SeqStep:
-    """One sequence's share of a batch step.
-
-    Its ``n_new`` tokens sit at positions ``start .. start + n_new - 1`` and are rows of
-    the step's q/k/v in batch order. ``view`` lists the logical blocks
-    (``position // block_size``) that global layers may read on a decode row
-    (``n_new == 1``); ``None`` reads everything. Prefill rows ignore the view: every
-    mode attends fully during prefill.
-
-    ``select``, when given, replaces ``view`` on each global layer of a decode row: it is
-    called with the layer index and the row's query ``[H, D]`` (rotated, unscaled) once
-    that layer's new key is stored, and returns the blocks that layer reads. It is the
-    hook for query-aware selection (Quest-style baselines), which cannot know its blocks
-    before the query exists.
-    """
-
-    seq_id: int
-    start: int
-    n_new: int
-    view: Sequence[int] | None = None
-    select: Callable[[int, Tensor], Sequence[int] | None] | None = None
-    row_views: Sequence[Sequence[int] | None] | None = None
-    """Prefill rows that recompute decode steps: each row's view on global layers
-    (``None`` for a row that read everything), so the K/V recomputed is what those
-    steps computed. Absent for an ordinary prefill."""
-
-    @property
-    def length(self) -> int:
-        """Sequence length once this step's tokens are stored."""
-        return self.start + self.n_new
-
-    @property
-    def is_decode(self) -> bool:
-        return self.n_new == 1
+from declattn.engine.runs import RunPlan, checked_view, plan_runs
+from declattn.engine.seq_step import SeqStep
 
 
 @dataclass
@@ -74,10 +45,14 @@ class _SeqPlan:
     row: int
     table: np.ndarray
     global_runs: RunPlan | None
+    # Decode rows: the logical index of each physical block of ``table`` (``inverse_table``),
+    # with which a plan names the blocks its reads cover.
+    inverse: np.ndarray | None = None
     # Prefill rows: pool rows of positions [0, length), a (lo, hi) range when the
     # sequence's blocks are physically consecutive (a zero-copy slice), else an index.
     key_rows: tuple[int, int] | Tensor | None = None
     window_runs: dict[int, RunPlan] = field(default_factory=dict)
+    rows: RowsPlan | None = None  # several decode rows of one sequence
 
     def keys(self, pool: Tensor, lo: int, hi: int) -> Tensor:
         """Pool rows of positions ``[lo, hi)`` as ``[Hkv, hi - lo, D]``."""
@@ -92,12 +67,15 @@ def _consecutive(table: np.ndarray) -> bool:
     return table.size < 2 or bool((np.diff(table) == 1).all())
 
 
-def _as_rows(slots: list[Tensor]) -> Tensor | slice:
-    """The step's new pool rows; one consecutive range becomes a slice (a plain copy
-    instead of an indexed write, which matters once per layer per decode step)."""
+def _as_rows(slots: list[Tensor], native: bool = False) -> Tensor | slice:
+    """The step's new pool rows; on the torch path one consecutive range becomes a slice
+    (a plain copy instead of an indexed write, which matters once per layer per decode
+    step); the ``native`` store takes the rows as they are."""
     if not slots:
         return torch.empty(0, dtype=torch.int64)
     rows = torch.cat(slots) if len(slots) > 1 else slots[0]
+    if native:
+        return rows
     lo, n = int(rows[0]), rows.numel()
     if int(rows[-1]) == lo + n - 1 and (n < 3 or bool((rows.diff() == 1).all())):
         return slice(lo, lo + n)
@@ -124,13 +102,11 @@ class PagedAttention(PlannedDecode):
         *,
         kernel: Kernel = "auto",
         placement_invariant: bool = False,
-        carry: PlanCarry | None = None,
     ) -> None:
         """``kernel`` forces a decode path (``native`` or ``torch``) where a benchmark or a
         test compares them; the engine leaves it on ``auto``. ``placement_invariant``:
         decode rows' results must not depend on where their blocks sit (see
-        ``decode_batch``); batch-invariant mode asks for it. ``carry``: the plans of the
-        previous step, grown where they still hold (the engine keeps one across steps)."""
+        ``decode_batch``); batch-invariant mode asks for it."""
         self.cache = cache
         self.counter = counter
         self.kernel = resolve_kernel(kernel, cache.k[0])
@@ -141,7 +117,6 @@ class PagedAttention(PlannedDecode):
         seen: set[int] = set()
         plans: list[_SeqPlan] = []
         new_slots: list[Tensor] = []
-        carried: dict[int, Carried] = {}
         row = 0
         for st in steps:
             if st.seq_id in seen:
@@ -155,29 +130,26 @@ class PagedAttention(PlannedDecode):
                     f"{st.length}: call cache.allocate first"
                 )
             n_blocks = -(-st.length // bs)
-            whole = cache.block_array(st.seq_id)
-            table = whole[:n_blocks]
+            table = cache.block_array(st.seq_id)[:n_blocks]
             plan = _SeqPlan(st, row, table, None)
             if st.is_decode:
-                view = view_key(st.view)
-                runs = carry.grown(st.seq_id, view, st.length, whole, bs) if carry else None
-                if runs is None:
-                    keep = range(n_blocks) if view is None else self._check_view(st, n_blocks)
-                    inverse = cache.block_inverse(st.seq_id)
-                    runs = plan_runs(table, keep, 0, st.length, bs, self._device, inverse)
-                plan.global_runs = runs
-                carried[st.seq_id] = Carried(view, st.length, whole, runs)
+                keep = range(n_blocks) if st.view is None else self._check_view(st, n_blocks)
+                plan.inverse = inverse = inverse_table(table)
+                plan.global_runs = plan_runs(table, keep, 0, st.length, bs, self._device, inverse)
                 new_slots.append(cache.slots(st.seq_id, st.start, st.length))
-            elif _consecutive(table):
-                first = int(table[0]) * bs
-                plan.key_rows = (first, first + st.length)
-                new_slots.append(
-                    torch.arange(first + st.start, first + st.length, device=self._device)
-                )
             else:
-                slots = cache.slots(st.seq_id, 0, st.length)
-                plan.key_rows = slots
-                new_slots.append(slots[st.start :])
+                if st.is_rows:
+                    plan.rows = self._rows_plan(st, table)
+                if _consecutive(table):
+                    first = int(table[0]) * bs
+                    plan.key_rows = (first, first + st.length)
+                    new_slots.append(
+                        torch.arange(first + st.start, first + st.length, device=self._device)
+                    )
+                else:
+                    slots = cache.slots(st.seq_id, 0, st.length)
+                    plan.key_rows = slots
+                    new_slots.append(slots[st.start :])
             plans.append(plan)
             row += st.n_new
         self._plans = plans
@@ -190,22 +162,20 @@ class PagedAttention(PlannedDecode):
         )
         self._selecting = any(p.step.select is not None for p in self._decode_plans)
         self._batches: dict[int | None, RunBatch] = {}
-        self._new_slots = _as_rows(new_slots)
-        if carry is not None:
-            carry.keep(carried)
+        self._new_slots = _as_rows(new_slots, native=cache.stores_natively())
         self.step = counter.begin_step() if counter is not None else -1
+
+    def _rows_plan(self, st: SeqStep, table: np.ndarray) -> RowsPlan:
+        if st.row_views is None or len(st.row_views) != st.n_new or st.select is not None:
+            raise ValueError(
+                f"decode rows of sequence {st.seq_id} need a view per row and no selection"
+            )
+        bs = self.cache.block_size
+        return plan_rows(st.seq_id, table, st.start, st.row_views, bs, self._device)
 
     @staticmethod
     def _check_view(st: SeqStep, n_blocks: int) -> np.ndarray:
-        keep = sorted_unique(st.view if st.view is not None else ())
-        if keep.size and (keep[0] < 0 or keep[-1] >= n_blocks):
-            raise ValueError(f"view of sequence {st.seq_id} names blocks outside [0, {n_blocks})")
-        if not keep.size or keep[-1] != n_blocks - 1:
-            raise ValueError(
-                f"view of sequence {st.seq_id} misses block {n_blocks - 1}, "
-                "which holds the newest token"
-            )
-        return keep
+        return checked_view(st.seq_id, st.view if st.view is not None else (), n_blocks)
 
     def _selected_runs(self, plan: _SeqPlan, layer: int, q: Tensor) -> RunPlan:
         """The runs of the blocks ``plan.step.select`` picks for this layer and query."""
@@ -226,8 +196,7 @@ class PagedAttention(PlannedDecode):
             lo = max(0, st.length - window)
             bs = self.cache.block_size
             keep = range(lo // bs, -(-st.length // bs))
-            inverse = self.cache.block_inverse(st.seq_id)
-            runs = plan_runs(plan.table, keep, lo, st.length, bs, self._device, inverse)
+            runs = plan_runs(plan.table, keep, lo, st.length, bs, self._device, plan.inverse)
             plan.window_runs[window] = runs
         return runs
 
@@ -247,14 +216,19 @@ class PagedAttention(PlannedDecode):
             raise ValueError("window must be >= 1")
         self.cache.write(layer, self._new_slots, k, v)
         kp, vp = self.cache.k[layer], self.cache.v[layer]
-        if len(self._plans) == 1 and not self._plans[0].step.is_decode:
+        only = self._plans[0]
+        if len(self._plans) == 1 and not only.step.is_decode and only.rows is None:
             return self._prefill(self._plans[0], kp, vp, q, scale, window)
         if len(self._decode_plans) == len(self._plans):  # a pure decode step
             return self._decode(layer, kp, vp, q, scale, window)
         out = torch.empty_like(q)
         for plan in self._plans:
             st, r = plan.step, plan.row
-            if not st.is_decode:
+            if plan.rows is not None:
+                out[r : r + st.n_new] = self._rows(
+                    layer, plan, kp, vp, q[r : r + st.n_new], scale, window
+                )
+            elif not st.is_decode:
                 out[r : r + st.n_new] = self._prefill(
                     plan, kp, vp, q[r : r + st.n_new], scale, window
                 )
@@ -279,26 +253,31 @@ class PagedAttention(PlannedDecode):
         self._record(layer, batch, window is not None)
         return decode_batch(kp, vp, q, batch, scale, self.kernel, self.placement_invariant)
 
-    def decode_reads(self, windows: Sequence[int | None]) -> DecodeReads | None:
+    def decode_reads(self, windows: Sequence[int | None]) -> DecodeReads | str | None:
         """This step's reads on every layer for a native layer runner (``PlannedDecode``):
-        only a pure decode step with no query-aware selection, its new rows consecutive,
-        on the native kernels; ``None`` otherwise."""
+        a pure decode step with no query-aware selection, on the native kernels."""
         if not self._decode_plans or len(self._decode_plans) != len(self._plans):
             return None
-        if self._selecting or self.kernel != "native" or not isinstance(self._new_slots, slice):
-            return None
-        if not self.cache.stores_natively() or len(windows) != len(self.cache.k):
-            return None
+        if len(windows) != len(self.cache.k):
+            raise ValueError(f"{len(windows)} windows for {len(self.cache.k)} layers")
         if any(w is not None and w < 1 for w in windows):
             raise ValueError("window must be >= 1")
+        if self._selecting:
+            return "query-aware selection (a layer's blocks depend on its query)"
+        if self.kernel != "native":
+            return "decode attention on the torch kernel"
+        if not self.cache.stores_natively():
+            return "a KV pool the native store does not write"
         batches = [self._shared_batch(w) for w in windows]
 
         def record() -> None:
             for layer, (batch, window) in enumerate(zip(batches, windows, strict=True)):
                 self._record(layer, batch, window is not None)
 
+        rows = self._new_slots
+        assert isinstance(rows, Tensor), "a native store takes the rows as a tensor"
         return DecodeReads(
-            self._n_rows, list(self.cache.k), list(self.cache.v), self._new_slots.start,
+            self._n_rows, list(self.cache.k), list(self.cache.v), rows,
             [b.runs for b in batches], [b.offsets for b in batches], MIN_SPLIT_ROWS, record,
         )
 
@@ -344,11 +323,48 @@ class PagedAttention(PlannedDecode):
                 )
             )
 
+    def _rows(
+        self,
+        layer: int,
+        plan: _SeqPlan,
+        kp: Tensor,
+        vp: Tensor,
+        q: Tensor,
+        scale: float,
+        window: int | None,
+    ) -> Tensor:
+        """Several decode rows of one sequence: each over its own view (global layers) or
+        window, the K/V they read gathered once, and each row's reads counted."""
+        rows = plan.rows
+        assert rows is not None
+        st, bs = plan.step, self.cache.block_size
+        if window is not None:
+            blocks = window_blocks(st.start, st.n_new, window, bs)
+            keys = window_keys(st.start, st.n_new, window)
+        else:
+            blocks, keys = list(rows.blocks), rows.n_keys
+        self._record_rows(layer, st.seq_id, blocks, keys, window is not None)
+        if window is not None or rows.full:  # a causal prefill over what they read
+            return self._prefill(plan, kp, vp, q, scale, window)
+        return rows_attention(rows, q, kp, vp, scale)
+
+    def _record_rows(
+        self, layer: int, seq_id: int, blocks: Sequence[tuple[int, ...]], keys: int, sliding: bool
+    ) -> None:
+        """One record per row; the gathered bytes, read once, on the first."""
+        if self.counter is None:
+            return
+        for i, kept in enumerate(blocks):
+            n_bytes = keys * self._bytes_per_token if i == 0 else 0
+            self.counter.record(BlockRead(self.step, layer, seq_id, kept, n_bytes, sliding, i))
+
     def _prefill(
         self, plan: _SeqPlan, kp: Tensor, vp: Tensor, q: Tensor, scale: float, window: int | None
     ) -> Tensor:
         st = plan.step
-        if window is None and st.row_views is not None and any(st.row_views):
+        if window is None and not st.decode_rows and st.row_views is not None and any(
+            st.row_views
+        ):
             return viewed_prefill_attention(
                 q, plan.keys(kp, 0, st.length), plan.keys(vp, 0, st.length), st.start, scale,
                 st.row_views, self.cache.block_size,

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class BlockRead:
     """What one decode row read in one layer call; ``blocks``: the logical blocks, sorted
-    and unique (as ``RunPlan`` names them)."""
+    and unique (as ``RunPlan`` names them). ``row``: the row's place among its
+    sequence's rows of the step (several where a forward carries forced tokens; their
+    K/V is gathered once, so its bytes are on row 0 and the other rows count none)."""
 
     step: int
     layer: int
@@ -22,6 +24,7 @@ class BlockRead:
     blocks: tuple[int, ...]
     n_bytes: int
     sliding: bool
+    row: int = 0
 
 
 @dataclass
@@ -36,7 +39,7 @@ class ReadCounter:
 
     records: list[BlockRead] = field(default_factory=list)
     n_steps: int = 0
-    _index: dict[tuple[int, int, int, bool], list[BlockRead]] = field(
+    _index: dict[tuple[int, int, int, int, bool], list[BlockRead]] = field(
         default_factory=dict, repr=False
     )
     # (step, seq, sliding): the engine asks per sequence and step, and a scan of every
@@ -44,6 +47,8 @@ class ReadCounter:
     _rows: dict[tuple[int, int, bool], list[BlockRead]] = field(
         default_factory=dict, repr=False
     )
+    # (step, seq, row, sliding) -> bytes: what the engine asks of every decode row
+    _row_bytes: dict[tuple[int, int, int, bool], int] = field(default_factory=dict, repr=False)
 
     def begin_step(self) -> int:
         """Open a new step and return its index (one per ``PagedAttention``)."""
@@ -52,13 +57,17 @@ class ReadCounter:
 
     def record(self, rec: BlockRead) -> None:
         self.records.append(rec)
-        self._index.setdefault((rec.step, rec.seq_id, rec.layer, rec.sliding), []).append(rec)
+        key = (rec.step, rec.seq_id, rec.row, rec.layer, rec.sliding)
+        self._index.setdefault(key, []).append(rec)
         self._rows.setdefault((rec.step, rec.seq_id, rec.sliding), []).append(rec)
+        row = (rec.step, rec.seq_id, rec.row, rec.sliding)
+        self._row_bytes[row] = self._row_bytes.get(row, 0) + rec.n_bytes
 
     def reset(self) -> None:
         self.records.clear()
         self._index.clear()
         self._rows.clear()
+        self._row_bytes.clear()
         self.n_steps = 0
 
     def _select(
@@ -68,6 +77,7 @@ class ReadCounter:
         step: int | None = None,
         seq_id: int | None = None,
         layer: int | None = None,
+        row: int | None = None,
     ) -> list[BlockRead]:
         pool = self.records
         if step is not None and seq_id is not None:
@@ -79,18 +89,24 @@ class ReadCounter:
             and (step is None or r.step == step)
             and (seq_id is None or r.seq_id == seq_id)
             and (layer is None or r.layer == layer)
+            and (row is None or r.row == row)
         ]
 
     def blocks_read(
-        self, step: int, seq_id: int, layer: int, *, sliding: bool = False
+        self, step: int, seq_id: int, layer: int, *, sliding: bool = False, row: int = 0
     ) -> tuple[int, ...] | None:
         """Logical blocks one decode row read in one layer; ``None`` if it read nothing."""
-        recs = self._index.get((step, seq_id, layer, sliding))
+        recs = self._index.get((step, seq_id, row, layer, sliding))
         if not recs:
             return None
         if len(recs) == 1:  # the usual case; a plan names its blocks sorted and unique
             return recs[0].blocks
         return tuple(sorted({b for r in recs for b in r.blocks}))
+
+    def row_bytes(self, step: int, seq_id: int, row: int = 0, *, sliding: bool = False) -> int:
+        """Bytes one decode row read in one step, over every layer (``total_bytes`` of the
+        row, kept as records come in: the engine asks it of every row of every step)."""
+        return self._row_bytes.get((step, seq_id, row, sliding), 0)
 
     def per_step(self, seq_id: int, *, sliding: bool = False) -> dict[int, dict[int, tuple]]:
         """``{step: {layer: blocks}}`` for one sequence."""
@@ -100,9 +116,15 @@ class ReadCounter:
         return out
 
     def total_bytes(
-        self, *, sliding: bool = False, seq_id: int | None = None, step: int | None = None
+        self,
+        *,
+        sliding: bool = False,
+        seq_id: int | None = None,
+        step: int | None = None,
+        row: int | None = None,
     ) -> int:
-        return sum(r.n_bytes for r in self._select(sliding=sliding, seq_id=seq_id, step=step))
+        recs = self._select(sliding=sliding, seq_id=seq_id, step=step, row=row)
+        return sum(r.n_bytes for r in recs)
 
     def total_blocks(
         self, *, sliding: bool = False, seq_id: int | None = None, step: int | None = None

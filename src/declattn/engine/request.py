@@ -19,7 +19,14 @@ from declattn.engine.sampler import SamplingParams
 
 @dataclass(frozen=True)
 class StepRead:
-    """What one decode step of one sequence actually read from the KV pools."""
+    """What one decode row of one sequence actually read from the KV pools: one per
+    decode step, or one per row of a forward that carries forced tokens.
+
+    ``forced``: the row's input is a forced token (its output was not sampled either,
+    but for the last row of a forward); a forward of ``1 + k`` rows holds ``k`` forced
+    ones, so the rows of a reply are ``len(reads)`` and its forwards the reads that are
+    not forced. The bytes of K/V a forward gathers once for all its rows are on its first
+    row (``global_bytes``/``sliding_bytes``); ``blocks`` is each row's own view."""
 
     index: int
     length: int
@@ -28,6 +35,7 @@ class StepRead:
     global_bytes: int
     sliding_bytes: int
     seconds: float
+    forced: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,7 +64,10 @@ class Request:
     held: str = ""
     prefilled: int = 0
     cached_tokens: int = 0
-    """Prompt positions taken over from the prefix cache (not computed)."""
+    """Prompt positions taken over from the prefix cache (not computed): from memory or,
+    ``disk_tokens`` of them, read from its disk tier."""
+    disk_tokens: int = 0
+    """Prompt positions of ``cached_tokens`` read from the prefix cache's disk tier."""
     digests: list[bytes] = field(default_factory=list, repr=False)
     """Content addresses of the prompt's full blocks (prefix caching)."""
     registered: int = 0
@@ -66,6 +77,15 @@ class Request:
     finish_reason: str | None = None
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    pending_views: list[tuple[int, ...] | None] = field(default_factory=list, repr=False)
+    """Views already asked for the rows before the newest token that are not in the KV
+    cache yet (forced tokens: see ``Controller.forced``); the next forward runs them."""
+
+    @property
+    def kv_length(self) -> int:
+        """Positions a decoding sequence holds in the KV cache: its prompt and every row
+        a forward ran (the newest token, and forced ones, wait for the next)."""
+        return len(self.prompt_ids) + len(self.reads)
 
     @property
     def prompt_ids(self) -> list[int]:

@@ -36,6 +36,20 @@ def sorted_unique(values: Sequence[int] | np.ndarray) -> np.ndarray:
     return a
 
 
+def checked_view(seq_id: int, view: Sequence[int], n_blocks: int) -> np.ndarray:
+    """``view`` of a decode row reading ``n_blocks`` blocks, sorted and unique; a
+    ``ValueError`` if it names a block outside them or misses the newest one."""
+    keep = sorted_unique(view)
+    if keep.size and (keep[0] < 0 or keep[-1] >= n_blocks):
+        raise ValueError(f"view of sequence {seq_id} names blocks outside [0, {n_blocks})")
+    if not keep.size or keep[-1] != n_blocks - 1:
+        raise ValueError(
+            f"view of sequence {seq_id} misses block {n_blocks - 1}, "
+            "which holds the newest token"
+        )
+    return keep
+
+
 def _expand(starts: np.ndarray, stops: np.ndarray) -> np.ndarray:
     """Concatenation of ``arange(starts[i], stops[i])``, vectorised."""
     lengths = stops - starts
@@ -91,13 +105,6 @@ class RunPlan:
             ids = sorted_unique(inverse[_expand(r[:, 0] // bs, (r[:, 1] - 1) // bs + 1)])
             blocks = tuple(ids.tolist())
         return cls(bs, r, blocks, int((r[:, 1] - r[:, 0]).sum()), device)
-
-    def grown(self) -> RunPlan:
-        """This plan one row longer at its end: the next decode step's plan, when that
-        step's new row lands in the block this plan ends in (``PlanCarry``)."""
-        rows = self.rows.copy()
-        rows[-1, 1] += 1
-        return RunPlan(self.block_size, rows, self.blocks, self.n_rows + 1, self.device)
 
     @functools.cached_property
     def row_index(self) -> Tensor:
@@ -157,60 +164,3 @@ def plan_runs(
     ends = np.append(starts[1:], phys.size) - 1
     rows = np.stack([phys[starts] * bs + a[starts], phys[ends] * bs + b[ends]], axis=1)
     return RunPlan.from_rows(rows, bs, table, device, inverse)
-
-
-@dataclass(frozen=True)
-class Carried:
-    """A decode row's plan, and what it was planned from."""
-
-    view: tuple[int, ...] | None
-    length: int
-    table: np.ndarray  # the sequence's whole block array (``KVCache.block_array``)
-    plan: RunPlan
-
-
-def view_key(view: Sequence[int] | None) -> tuple[int, ...] | None:
-    """``view`` as an immutable value to compare a later step's with."""
-    return view if view is None or isinstance(view, tuple) else tuple(view)
-
-
-class PlanCarry:
-    """Each decoding sequence's plan from its last step, grown for the next one.
-
-    Why: a view holds for many steps (a focus declaration lasts the sentences it
-    covers), and between two such steps only the newest position changes. While it
-    stays in the newest block, the next plan is the last one with its last run a row
-    longer; planning afresh (``plan_runs``, and naming the blocks its rows cover) cost
-    ~0.15-0.2 ms of Python a step on a 32K-token context, on the one thread a decode step
-    runs its Python on. A plan is carried only when the view, the block table (the same
-    array: ``KVCache`` makes a new one whenever a table changes) and the newest block
-    are unchanged, so it is always the plan ``plan_runs`` would make
-    (tests/engine/test_runs.py). Its owner drops a sequence when it frees its blocks.
-    """
-
-    def __init__(self) -> None:
-        self._last: dict[int, Carried] = {}
-
-    def grown(
-        self, seq_id: int, view: tuple[int, ...] | None, length: int, table: np.ndarray, bs: int
-    ) -> RunPlan | None:
-        """The plan of ``seq_id``'s decode step reading ``length`` positions, grown from
-        its last one; ``None`` where it must be planned afresh."""
-        last = self._last.get(seq_id)
-        if last is None or last.length + 1 != length or last.table is not table:
-            return None
-        if (length - 1) // bs != (last.length - 1) // bs:
-            return None  # the new row opens a block
-        if last.view is not view and last.view != view:
-            return None
-        return last.plan.grown()
-
-    def keep(self, plans: dict[int, Carried]) -> None:
-        """The plans of the step just planned, for the next one to grow."""
-        self._last.update(plans)
-
-    def drop(self, seq_id: int) -> None:
-        self._last.pop(seq_id, None)
-
-    def __len__(self) -> int:
-        return len(self._last)

@@ -7,6 +7,12 @@
 - ``da-find``: DA taught ``<focus find="WORDS">`` (the engine looks the words up);
 - ``da-find-constrained``: the same, the phrase constrained to text the chunks hold;
 - ``da-find-index``: ``da-find`` with an in-context index of the chunks;
+- ``da-economy``: the economical protocol (``DAOptions.economy``: a find focus with the
+  answer written inside it, scaffold steps read as local, forced tag text in one forward);
+- ``vanilla-chunks``: the plain answer over the DA prompt's own chunk transcript
+  (``PlainSession.over_chunks``): the same document turns as the DA arms, a final turn
+  asking for a plain answer; full reads. What ``declattn demo`` and ``run --compare``
+  put a DA reply against;
 - ``streaming``: StreamingLLM on the ordinary prompt, at DA's mean blocks per step (or
   another DA arm's: ``ArmSettings.budget_arm``);
 - ``quest``: Quest-style top-k blocks on the ordinary prompt, at the same budget;
@@ -15,10 +21,11 @@
   every focused read moved to a chunk without the evidence (``controls.py``).
 
 The sparse arms take their budget from the ``da`` arm of the same sample, so ``da``
-runs first. ``ORDER`` also groups the arms by prompt: the engine's prefix cache then
-gives every arm after the first its prompt's K/V without prefilling it again (bit for
-bit what a fresh prefill computes), while the previous prompt's blocks are evicted as
-the pool needs room.
+runs first. ``ORDER`` also groups the arms by prompt: the DA arms and ``vanilla-chunks``
+share the chunk transcript, ``vanilla`` and the sparse arms the ordinary prompt; the
+engine's prefix cache then gives every arm after the first of its group its prompt's K/V
+without prefilling it again (bit for bit what a fresh prefill computes), while the
+previous group's blocks are evicted as the pool needs room.
 """
 
 from __future__ import annotations
@@ -40,16 +47,18 @@ if TYPE_CHECKING:
     from declattn.api import Engine
 
 ARMS = (
-    "vanilla", "da-nm", "da", "da-constrained", "da-find", "da-find-constrained",
-    "da-find-index", "streaming", "quest", "da-model", "da-model-wrong",
+    "vanilla", "vanilla-chunks", "da-nm", "da", "da-constrained", "da-find",
+    "da-find-constrained", "da-find-index", "da-economy", "streaming", "quest",
+    "da-model", "da-model-wrong",
 )
 ORDER = (
     "da-model", "da-model-wrong", "da", "da-nm", "da-constrained", "da-find",
-    "da-find-constrained", "da-find-index", "vanilla", "streaming", "quest",
+    "da-find-constrained", "da-find-index", "da-economy", "vanilla-chunks", "vanilla",
+    "streaming", "quest",
 )
 DA_ARMS = (
     "da-nm", "da", "da-constrained", "da-find", "da-find-constrained", "da-find-index",
-    "da-model", "da-model-wrong",
+    "da-economy", "da-model", "da-model-wrong",
 )
 MODEL_ARMS = ("da-model", "da-model-wrong")
 SPARSE_ARMS = ("streaming", "quest")
@@ -88,6 +97,12 @@ class ArmSettings:
     budget_arm: str = "da"
 
     def da_options(self, arm: str) -> DAOptions:
+        """The DA options of ``arm`` (a DA arm; ``vanilla-chunks`` reads the chunking of
+        ``da``), over this run's chunk sizes and sink."""
+        if arm == "da-economy":
+            return DAOptions.economy(
+                target=self.chunk_target, cap=self.chunk_cap, sink=self.sink, min_context=0
+            )
         return DAOptions(
             target=self.chunk_target,
             cap=self.chunk_cap,
@@ -151,6 +166,10 @@ class ArmRunner:
             )
         if arm == "vanilla":
             return e.session(context, question, da=False)
+        if arm == "vanilla-chunks":
+            return e.session(
+                context, question, da=False, options=s.da_options("da"), shared_prefix=True
+            )
         if budget is None:
             raise ValueError(f"the {arm} arm needs a budget (from the da arm)")
         cls = StreamingSession if arm == "streaming" else QuestSession

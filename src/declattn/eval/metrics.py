@@ -3,6 +3,11 @@
 Everything here reads only the JSONL row, so a table can be rebuilt from a results file
 (or a judge added) without running a model again. Accuracy is macro-averaged over task
 families (each family counts once, however many tasks it has).
+
+Two comparisons, never mixed: ``saving`` is per step (a reply's reads against the same
+reply read in full, DA vs DA-nm); ``per_answer`` is per answer (a reply's attended
+tokens, KV bytes, forwards and decode seconds over the vanilla arm's reply to the same
+sample, ``PerAnswer``), what a user pays.
 """
 
 from __future__ import annotations
@@ -10,11 +15,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from statistics import fmean
+from statistics import fmean, median
 from typing import Any
 
+from declattn.api.results import PerAnswer, Stats
 from declattn.da.accounting import saving
-from declattn.eval.rows import steps_of
+from declattn.eval.rows import kv_bytes_of, steps_of
 from declattn.eval.scoring import score
 
 
@@ -52,10 +58,12 @@ class RowMetrics:
     prompt_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens taken from the prefix cache, not prefilled
     prefill_seconds: float = 0.0
+    kv_bytes: int = 0  # gathered by the decode forwards
 
     @property
     def saving(self) -> float:
-        """Logical reads avoided against full attention over the same transcript."""
+        """Per step: logical reads avoided against full attention over the same
+        transcript (the same reply read in full)."""
         return saving(self.logical, self.vanilla_logical)
 
     @property
@@ -133,7 +141,73 @@ def row_metrics(row: dict[str, Any]) -> RowMetrics:
         prefill_seconds=row["timing"].get(
             "prefill_seconds", row["timing"].get("shared_prefill_seconds", 0.0)
         ),
+        kv_bytes=kv_bytes_of(row),
     )
+
+
+def row_stats(row: dict[str, Any]) -> Stats:
+    """A row's counts as the ``Stats`` a live answer has, so the per-answer ratios have
+    one definition (``PerAnswer.of``) in the eval and on the terminal alike."""
+    t, timing = row["totals"], row["timing"]
+    return Stats(
+        prompt_tokens=row.get("prompt_tokens", 0),
+        output_tokens=row["output"]["output_tokens"],
+        decode_steps=t["steps"],
+        prefill_seconds=timing.get("prefill_seconds", 0.0),
+        decode_seconds=timing["decode_seconds"],
+        logical_attended=t["logical"],
+        physical_attended=t["physical"],
+        vanilla_attended=t["vanilla_logical"],
+        vanilla_physical=t["vanilla_physical"],
+        blocks_read=sum(s["blocks_read"] or 0 for s in steps_of(row)),
+        bytes_read=kv_bytes_of(row),
+        by_mode=row["by_mode"],
+        cached_tokens=timing.get("cached_prompt_tokens", 0),
+    )
+
+
+def answer_key(row: dict[str, Any]) -> tuple:
+    """Which answer a row is, whatever the arm: model, task, length, sample and turn."""
+    return (row["model"], row["task"], row["length"], row["sample"], row.get("turn"))
+
+
+def vanilla_rows(rows: Iterable[dict[str, Any]]) -> dict[tuple, dict[str, Any]]:
+    """The vanilla arm's rows that ran, by ``answer_key``: what per-answer figures divide
+    by."""
+    return {answer_key(r): r for r in rows if r["arm"] == "vanilla" and "error" not in r}
+
+
+@dataclass(frozen=True)
+class PerAnswerSummary:
+    """An arm's cost per answer against the vanilla arm, over the ``n`` samples where
+    both ran: the mean and the median of each ``PerAnswer`` ratio."""
+
+    n: int
+    mean: PerAnswer
+    median: PerAnswer
+
+    @classmethod
+    def of(cls, ratios: Sequence[PerAnswer]) -> PerAnswerSummary | None:
+        if not ratios:
+            return None
+        values = [asdict(r) for r in ratios]
+
+        def each(f: Any) -> PerAnswer:
+            return PerAnswer(**{k: f([v[k] for v in values]) for k in values[0]})
+
+        return cls(len(ratios), each(fmean), each(median))
+
+
+def per_answer(
+    rows: Sequence[dict[str, Any]], vanilla: dict[tuple, dict[str, Any]]
+) -> PerAnswerSummary | None:
+    """``rows`` (one arm's) against the vanilla rows of the same samples."""
+    ratios = [
+        PerAnswer.of(row_stats(r), row_stats(vanilla[answer_key(r)]))
+        for r in rows
+        if "error" not in r and answer_key(r) in vanilla
+    ]
+    return PerAnswerSummary.of(ratios)
 
 
 def _count_kind(row: dict[str, Any], kind: str) -> int:
@@ -193,6 +267,8 @@ class Summary:
     prompt_tokens: float | None = None
     cached_tokens: float | None = None  # of the prompt, from the prefix cache
     prefill_seconds: float | None = None
+    kv_bytes: float | None = None  # per response
+    per_answer: PerAnswerSummary | None = None  # against vanilla, where it ran
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -203,7 +279,11 @@ def _by_mode(ms: Sequence[RowMetrics]) -> dict[str, float]:
     return {m: fmean(x.logical_by_mode.get(m, 0) for x in ms) for m in modes} if ms else {}
 
 
-def summarize(rows: Sequence[dict[str, Any]]) -> Summary:
+def summarize(
+    rows: Sequence[dict[str, Any]], vanilla: dict[tuple, dict[str, Any]] | None = None
+) -> Summary:
+    """Means over ``rows``; ``vanilla`` (``vanilla_rows`` of the whole run) adds the cost
+    per answer against the vanilla arm's rows of the same samples."""
     ok = [r for r in rows if "error" not in r]
     ms = [(r, row_metrics(r)) for r in ok]
     fam: dict[str, list[float]] = defaultdict(list)
@@ -244,6 +324,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> Summary:
         prompt_tokens=_mean(m.prompt_tokens for _, m in ms),
         cached_tokens=_mean(m.cached_tokens for _, m in ms),
         prefill_seconds=_mean(m.prefill_seconds for _, m in ms),
+        kv_bytes=_mean(m.kv_bytes for _, m in ms),
+        per_answer=per_answer(ok, vanilla) if vanilla else None,
     )
 
 

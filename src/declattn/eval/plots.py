@@ -1,5 +1,7 @@
 """The two pictures of an evaluation: accuracy against attended tokens (the Pareto
-picture: up and to the left is better) and the read saving against context length."""
+picture: up and to the left is better) and the savings against context length, per step
+(against the same reply read in full) beside per answer (against the vanilla reply to
+the same sample: attended tokens and decode seconds)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ _MARKERS = {
     "da-find": "*",
     "da-find-constrained": "X",
     "da-find-index": "h",
+    "da-economy": "p",
+    "vanilla-chunks": "8",
     "streaming": "v",
     "quest": "^",
 }
@@ -73,31 +77,52 @@ def pareto_plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
 
 
 def savings_plot(rows: Sequence[dict[str, Any]], path: Path) -> Path:
-    """Fraction of full-attention reads avoided against context length, per arm."""
+    """Against context length, per model, three panels: per step, the fraction of reads
+    saved against the same reply read in full; per answer, the reply's attended tokens
+    and its decode seconds over the vanilla reply's (mean over samples; 1 is break-even)."""
     sums = [s for s in summaries(rows) if s[3].n]
     models = sorted({m for m, *_ in sums})
-    plt, fig, axes = _figure(max(1, len(models)))
-    for ax, model in zip(axes, models, strict=False):
+    plt, fig, axes = _figure(3 * max(1, len(models)))
+    for i, model in enumerate(models):
+        step_ax, reads_ax, time_ax = axes[3 * i : 3 * i + 3]
         for arm in _MARKERS:
-            pts = sorted(
-                (n, s.saving)
-                for m, n, a, s in sums
-                if m == model and a == arm and s.saving is not None
-            )
-            if not pts:
-                continue
-            ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker=_MARKERS[arm], label=arm)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel("attended tokens saved vs full attention (%)")
-        _frame(ax, model)
+            mine = sorted((n, s) for m, n, a, s in sums if m == model and a == arm)
+            steps = [(n, 100 * s.saving) for n, s in mine if s.saving is not None]
+            answers = [(n, s.per_answer.mean) for n, s in mine if s.per_answer is not None]
+            _line(step_ax, steps, arm)
+            _line(reads_ax, [(n, p.attended) for n, p in answers], arm)
+            _line(time_ax, [(n, p.seconds) for n, p in answers], arm)
+        _frame(step_ax, f"{model}: per step")
+        step_ax.set_ylabel("reads saved vs the same reply read in full (%)")
+        _frame_ratio(reads_ax, f"{model}: per answer vs vanilla, attended tokens")
+        _frame_ratio(time_ax, f"{model}: per answer vs vanilla, decode seconds")
+        for ax in (reads_ax, time_ax):
+            ax.set_ylabel("the arm's reply / the vanilla reply (x)")
+        for ax in (step_ax, reads_ax, time_ax):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("context length (tokens)")
     return _save(plt, fig, path)
 
 
-def _frame(ax: Any, model: str) -> None:
+def _line(ax: Any, pts: list[tuple[int, float]], arm: str) -> None:
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=_MARKERS[arm], label=arm)
+
+
+def _frame_ratio(ax: Any, title: str) -> None:
+    """A ratio panel: 1 (the vanilla reply's cost) drawn across."""
+    ax.axhline(1.0, color="#555555", lw=0.8, ls="--")
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+
+
+def _frame(ax: Any, title: str) -> None:
     """Both plots show percentages per model with the same frame."""
     ax.set_ylim(-5, 105)
-    ax.set_title(model)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
 

@@ -1,23 +1,30 @@
 """The summary of a results file: one line per model, length and arm, as a rich table
 and as JSON; both come from the rows alone. A conversation task's rows (they carry a
 ``turn``) also get one line per turn: accuracy, attended tokens against the vanilla arm's
-on the same turn, prompt tokens taken from the prefix cache, prefill and wall seconds."""
+on the same turn, prompt tokens taken from the prefix cache, prefill and wall seconds.
+
+Two comparisons sit side by side, named so they are not confused: "per step" (the
+reply's reads against the same reply read in full, DA vs DA-nm) and "per answer vs
+vanilla" (the reply's attended tokens, KV bytes, forwards and decode seconds over the
+vanilla arm's reply to the same sample; mean over samples, median beside it)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from rich.table import Table
 
 from declattn.eval.arms import ORDER
-from declattn.eval.metrics import Summary, group, summarize
+from declattn.eval.metrics import Summary, group, summarize, vanilla_rows
 
 
 def summaries(rows: Sequence[dict[str, Any]]) -> list[tuple[str, int, str, Summary]]:
     """``(model, length, arm, summary)`` sorted by model, length and arm run order."""
     groups = group(rows, "model", "length", "arm")
-    out = [(m, n, a, summarize(rs)) for (m, n, a), rs in groups.items()]
+    vanilla = vanilla_rows(rows)
+    out = [(m, n, a, summarize(rs, vanilla)) for (m, n, a), rs in groups.items()]
     rank = {a: i for i, a in enumerate(ORDER)}
     return sorted(out, key=lambda t: (t[0], t[1], rank.get(t[2], 99)))
 
@@ -25,11 +32,34 @@ def summaries(rows: Sequence[dict[str, Any]]) -> list[tuple[str, int, str, Summa
 _SHORT_LABELS = {
     "length": "len",
     "attended/step": "reads/step",
-    "saving": "saved",
     "covered": "cov",
     "fmt fail": "fmt",
     "wall s": "s",
 }
+
+
+_WRAPPED = {"per step", "per answer vs vanilla"}
+"""Columns whose header may wrap (their figures are short), so the compact table fits."""
+
+
+def _ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def _per_answer_cells(s: Summary) -> dict[str, str]:
+    """The per-answer columns: each ratio's mean over the samples (median for reads)."""
+    p = s.per_answer
+    if p is None:
+        return dict.fromkeys(
+            ("per answer vs vanilla", "median", "KV bytes", "forwards", "decode s"), "-"
+        )
+    return {
+        "per answer vs vanilla": _ratio(p.mean.attended),
+        "median": _ratio(p.median.attended),
+        "KV bytes": _ratio(p.mean.kv_bytes),
+        "forwards": _ratio(p.mean.forwards),
+        "decode s": _ratio(p.mean.seconds),
+    }
 
 
 def _pct(x: float | None) -> str:
@@ -44,7 +74,10 @@ def summary_table(
     rows: Sequence[dict[str, Any]], title: str = "evaluation", *, compact: bool = False
 ) -> Table:
     """Every figure per model, length and arm; ``compact`` keeps the headline columns
-    (for an 80-column terminal; ``summary.md`` and ``summary.json`` hold the rest)."""
+    (for an 80-column terminal; ``summary.md`` and ``summary.json`` hold the rest).
+    "per step": reads saved against the same reply read in full; "per answer vs
+    vanilla": attended tokens over the vanilla reply's to the same sample (mean; then
+    the median, and the means of KV bytes, forwards and decode seconds)."""
     sums = summaries(rows)
     families = sorted({f for *_, s in sums for f in s.by_family})
     t = Table(title=title)
@@ -59,7 +92,12 @@ def summary_table(
         "F1",
         "attended/resp",
         "attended/step",
-        "saving",
+        "per step",
+        "per answer vs vanilla",
+        "median",
+        "KV bytes",
+        "forwards",
+        "decode s",
         "steps",
         "global",
         "focus",
@@ -77,7 +115,8 @@ def summary_table(
         "n",
         "acc",
         "attended/step",
-        "saving",
+        "per step",
+        "per answer vs vanilla",
         "global",
         "covered",
         "fmt fail",
@@ -90,7 +129,8 @@ def summary_table(
     labels = _SHORT_LABELS if compact else {}
     for c in cols:
         t.add_column(
-            labels.get(c, c), justify="left" if c in ("model", "arm") else "right", no_wrap=True
+            labels.get(c, c), justify="left" if c in ("model", "arm") else "right",
+            no_wrap=c not in _WRAPPED,
         )
     for model, length, arm, s in sums:
         cells = {
@@ -105,7 +145,8 @@ def summary_table(
             "F1": _pct(s.f1),
             "attended/resp": _num(s.logical),
             "attended/step": _num(s.per_step),
-            "saving": _pct(s.saving),
+            "per step": _pct(s.saving),
+            **_per_answer_cells(s),
             "steps": _num(s.decode_steps, ".0f"),
             "global": _pct(s.global_share),
             "focus": _num(s.focus_attempts, ".1f"),
@@ -146,35 +187,23 @@ def turn_summaries(rows: Sequence[dict[str, Any]]) -> list[tuple[str, int, int, 
     turned = [r for r in rows if r.get("turn") is not None]
     groups = group(turned, "model", "length", "turn", "arm")
     rank = {a: i for i, a in enumerate(ORDER)}
-    out = [(m, n, t, a, summarize(rs)) for (m, n, t, a), rs in groups.items()]
+    vanilla = vanilla_rows(turned)
+    out = [(m, n, t, a, summarize(rs, vanilla)) for (m, n, t, a), rs in groups.items()]
     return sorted(out, key=lambda x: (x[0], x[1], x[2], rank.get(x[3], 99)))
 
 
-def _vs_vanilla(sums: list[tuple[str, int, int, str, Summary]]) -> dict[tuple, float | None]:
-    """Each line's attended tokens per response over the vanilla arm's at the same model,
-    length and turn (None without a vanilla line)."""
-    vanilla = {(m, n, t): s.logical for m, n, t, a, s in sums if a == "vanilla"}
-    out: dict[tuple, float | None] = {}
-    for m, n, t, a, s in sums:
-        base = vanilla.get((m, n, t))
-        out[(m, n, t, a)] = s.logical / base if base and s.logical is not None else None
-    return out
-
-
 _TURN_COLUMNS = (
-    "length", "turn", "arm", "n", "acc", "attended/resp", "vs vanilla", "saving", "prompt",
-    "cached", "prefill s", "wall s",
+    "length", "turn", "arm", "n", "acc", "attended/resp", "per answer vs vanilla", "per step",
+    "prompt", "cached", "prefill s", "wall s",
 )
-_TURN_SHORT = {"length": "len", "attended/resp": "reads", "vs vanilla": "/vanilla",
-               "saving": "saved", "prefill s": "prefill", "wall s": "s"}
+_TURN_SHORT = {"length": "len", "attended/resp": "reads", "per answer vs vanilla": "/vanilla",
+               "prefill s": "prefill", "wall s": "s"}
 """Labels that fit the per-turn table in 100 columns."""
 
 
 def _turn_cells(sums: list[tuple[str, int, int, str, Summary]]) -> list[list[str]]:
-    ratio = _vs_vanilla(sums)
     out = []
-    for m, n, t, a, s in sums:
-        r = ratio[(m, n, t, a)]
+    for _m, n, t, a, s in sums:
         out.append([
             f"{n:,}",
             str(t),
@@ -182,7 +211,7 @@ def _turn_cells(sums: list[tuple[str, int, int, str, Summary]]) -> list[list[str
             f"{s.n}" + (f"+{s.errors}err" if s.errors else ""),
             _pct(s.accuracy),
             _num(s.logical),
-            "-" if r is None else f"{r:.2f}x",
+            _per_answer_cells(s)["per answer vs vanilla"],
             _pct(s.saving),
             _num(s.prompt_tokens),
             _num(s.cached_tokens),
@@ -194,9 +223,10 @@ def _turn_cells(sums: list[tuple[str, int, int, str, Summary]]) -> list[list[str
 
 def turn_table(rows: Sequence[dict[str, Any]], title: str = "per turn") -> Table | None:
     """One line per length, turn and arm of the conversation tasks; None without any.
-    ``vs vanilla``: attended tokens over the vanilla arm's on the same turn (each arm
-    reads its own transcript); ``saving``: against full attention over the arm's own;
-    ``cached``: prompt tokens the prefix cache supplied instead of a prefill."""
+    ``per answer vs vanilla``: attended tokens over the vanilla arm's on the same turn
+    (each arm reads its own transcript; mean over samples); ``per step``: against full
+    attention over the arm's own; ``cached``: prompt tokens the prefix cache supplied
+    instead of a prefill."""
     sums = turn_summaries(rows)
     if not sums:
         return None
@@ -221,8 +251,21 @@ def turn_markdown(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _per_answer_markdown(s: Summary) -> list[str]:
+    """Per answer vs vanilla: attended tokens (mean / median), KV bytes, forwards and
+    decode seconds (mean / median each)."""
+    p = s.per_answer
+    if p is None:
+        return ["-"] * 4
+    mean, mid = asdict(p.mean), asdict(p.median)
+    keys = ("attended", "kv_bytes", "forwards", "seconds")
+    return [f"{_ratio(mean[k])} / {_ratio(mid[k])}" for k in keys]
+
+
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-    """The headline columns as a Markdown table, for notes and READMEs."""
+    """The headline columns as a Markdown table, for notes and READMEs: "per step saved"
+    against the same reply read in full, "per answer vs vanilla" against the vanilla
+    reply to the same sample (mean / median over samples)."""
     sums = summaries(rows)
     families = sorted({f for *_, s in sums for f in s.by_family})
     judged = any(s.judge is not None for *_, s in sums)
@@ -236,7 +279,11 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
         *(["judge"] if judged else []),
         *families,
         "attended/step",
-        "saving",
+        "per step saved",
+        "per answer vs vanilla: attended (mean / median)",
+        "KV bytes",
+        "forwards",
+        "decode s",
         "global",
         "covered",
         "no global",
@@ -258,6 +305,7 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
             *[_pct(s.by_family.get(f)) for f in families],
             _num(s.per_step),
             _pct(s.saving),
+            *_per_answer_markdown(s),
             _pct(s.global_share),
             _pct(s.focus_covered),
             _pct(s.no_global_share),

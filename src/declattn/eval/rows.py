@@ -108,6 +108,9 @@ def build_row(
         "steps": steps,
         "totals": sess.accounting.totals(),
         "by_mode": {str(m): v for m, v in sess.accounting.by_mode().items()},
+        # KV bytes the decode forwards gathered (``totals.steps`` counts the forwards,
+        # ``timing.decode_seconds`` their time): the per-answer figures' inputs
+        "kv_bytes": sum(r.global_bytes + r.sliding_bytes for r in seq.reads),
         "timing": {
             "prefill_seconds": seq.prefill_seconds,
             "cached_prompt_tokens": seq.cached_tokens,
@@ -164,6 +167,14 @@ def _head(
         **({} if turn is None else {"turn": turn}),
         "header": header if header is not None else sample.header(),
     }
+
+
+def kv_bytes_of(row: dict[str, Any]) -> int:
+    """The KV bytes a response's decode forwards gathered: the row's ``kv_bytes``, or its
+    steps' bytes summed in rows written before it."""
+    if "kv_bytes" in row:
+        return int(row["kv_bytes"])
+    return sum((s["global_bytes"] or 0) + (s["sliding_bytes"] or 0) for s in steps_of(row))
 
 
 def steps_of(row: dict[str, Any]) -> list[dict[str, Any]]:

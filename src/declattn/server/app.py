@@ -71,7 +71,10 @@ class ServerConfig:
     ``prefix_caching``: requests that start like an earlier one reuse its prompt K/V (a
     follow-up in a conversation, another question over the same document);
     ``batch_invariant``: each request decodes in a model call of its own, so its greedy
-    text never depends on what else runs (slower under load; docs/server.md).
+    text never depends on what else runs (slower under load; docs/server.md);
+    ``prefill_budget``: prompt tokens one step computes beside the running requests'
+    decode rows (``None``: the engine's default); ``prefill_first``: a prompt's pieces
+    run alone, before any decode row (the older scheduling, for comparison).
     """
 
     model_id: str
@@ -92,6 +95,8 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] | None = None
     prefix_caching: bool = True
     batch_invariant: bool = False
+    prefill_budget: int | None = None
+    prefill_first: bool = False
     request_timeout_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -105,6 +110,8 @@ class ServerConfig:
             raise ValueError("body_timeout_s and header_timeout_s must be > 0")
         if self.request_timeout_s is not None and self.request_timeout_s <= 0:
             raise ValueError("request_timeout_s must be > 0 (None: no limit)")
+        if self.prefill_budget is not None and self.prefill_budget < 1:
+            raise ValueError("prefill_budget must be >= 1")
         if self.api_key == "":
             raise ValueError("api_key must not be empty (None turns the check off)")
 
@@ -168,6 +175,8 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         config.kv_blocks,
         prefix_caching=config.prefix_caching,
         batch_invariant=config.batch_invariant,
+        prefill_budget=config.prefill_budget,
+        prefill_first=config.prefill_first,
     )
     metrics = Metrics()
     scheduler = Scheduler(served, metrics, max_batch=config.max_batch, max_queue=config.max_queue)

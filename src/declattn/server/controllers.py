@@ -3,7 +3,7 @@
 The engine steps a whole batch, and one request's broken hook must not take the other
 requests, or the stepping loop, down with it. ``Guarded`` wraps a controller so that an
 exception inside any of its hooks fails only its own sequence. It forwards every hook
-of ``Controller`` (view, block selection, logits, token, regions): a wrapper that
+of ``Controller`` (view, block selection, logits, token, forced tokens, regions): a wrapper that
 forwarded only some would silently turn the inner controller's decisions off.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from declattn.engine.controller import Controller, Delegating
+from declattn.engine.controller import Controller, Delegating, ForcedTokens
 
 ERROR_REASON = "error"
 
@@ -58,6 +58,16 @@ class Guarded(Delegating):
         except Exception as e:
             self.error = e
             return logits
+
+    def forced(self) -> ForcedTokens | None:
+        """The inner controller's forced tokens; after a failure, none."""
+        if self.error is not None:
+            return None
+        try:
+            return self.inner.forced()
+        except Exception as e:
+            self.error = e
+            return None
 
     def on_token(self, token_id: int, text: str) -> str | None:
         reason = None

@@ -101,9 +101,19 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
     return APIError(400, message, param=param, code=code)
 
 
+_UNION_TAGS = frozenset({"str", "int", "float", "bool", "bytes", "none"})
+
+
+def _is_union_tag(part: Any) -> bool:
+    """Whether a location part names a member of a union (pydantic puts ``"str"`` or
+    ``"list[str]"`` in the location of an error inside ``str | list[str]``), not a field."""
+    return isinstance(part, str) and (part in _UNION_TAGS or "[" in part)
+
+
 def _loc_to_param(loc: tuple[Any, ...] | list[Any]) -> str | None:
-    """``("body", "messages", 0, "content")`` -> ``"messages[0].content"``."""
-    parts = [p for p in loc if p != "body"]
+    """``("body", "messages", 0, "content")`` -> ``"messages[0].content"``; union members'
+    tags are left out (``("body", "stop", "list[str]")`` -> ``"stop"``)."""
+    parts = [p for p in loc if p != "body" and not _is_union_tag(p)]
     out = ""
     for p in parts:
         out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
@@ -115,7 +125,11 @@ def validation_error(exc: RequestValidationError) -> APIError:
     errors = list(exc.errors())
     if not errors:
         return bad_request("invalid request")
-    first = errors[0]
+    # Within a union, the member of the right type says what is wrong with the value
+    # (a list of five stop strings is too long; that it is not a string says nothing).
+    field = tuple(errors[0].get("loc", ()))[:2]
+    first = next((e for e in errors if tuple(e.get("loc", ()))[:2] == field
+                  and not str(e.get("type", "")).endswith("_type")), errors[0])
     if first.get("type") == "json_invalid":
         ctx = first.get("ctx") or {}
         detail = echo(ctx.get("error", "malformed JSON"), ECHO_MESSAGE_CHARS)

@@ -31,6 +31,9 @@ class Metrics:
     queue_wait_seconds: float = 0.0
     admitted: int = 0
     preemptions: int = 0
+    prompt_sources: Counter = field(default_factory=Counter)
+    """Prompt tokens of finished requests by where their KV came from (memory, disk,
+    computed)."""
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count_request(self, endpoint: str, status: int) -> None:
@@ -50,6 +53,14 @@ class Metrics:
             self.prompt_tokens += prompt
             self.attended_tokens += attended
             self.vanilla_attended_tokens += vanilla
+
+    def count_prompt_sources(
+        self, memory_tokens: int, disk_tokens: int, computed_tokens: int
+    ) -> None:
+        with self._lock:
+            self.prompt_sources.update(
+                memory=memory_tokens, disk=disk_tokens, computed=computed_tokens
+            )
 
     def count_failed(self) -> None:
         with self._lock:
@@ -98,6 +109,14 @@ class Metrics:
                 ("preemptions_total",
                  "times a finished request gave its KV blocks to others and recomputed them",
                  self.preemptions),
+                ("prompt_tokens_from_memory_total",
+                 "prompt tokens whose KV came from the prefix cache in memory",
+                 self.prompt_sources["memory"]),
+                ("prompt_tokens_from_disk_total",
+                 "prompt tokens whose KV came from the prefix cache's disk tier",
+                 self.prompt_sources["disk"]),
+                ("prompt_tokens_computed_total", "prompt tokens prefilled",
+                 self.prompt_sources["computed"]),
             ]
         lines = [
             "# HELP declattn_requests_total HTTP requests by endpoint and status code.",

@@ -94,6 +94,21 @@ def valid_text(text: str, param: str) -> str:
     return text
 
 
+def valid_json(value: Any, param: str) -> Any:
+    """``value`` (parsed JSON: tool calls, tool definitions) if every string in it, keys
+    included, is encodable Unicode; else a 400 naming the first bad one's place."""
+    if isinstance(value, str):
+        return valid_text(value, param)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            valid_text(str(key), f"{param} (a key)")
+            valid_json(item, f"{param}.{echo(key)}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            valid_json(item, f"{param}[{i}]")
+    return value
+
+
 def _content_text(content: Any, where: str) -> str:
     if content is None:
         return ""
@@ -308,11 +323,16 @@ def _chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
         extra = m.model_extra or {}
         for key in ("tool_calls", "tool_call_id"):
             if extra.get(key) is not None:
-                d[key] = extra[key]
+                d[key] = valid_json(extra[key], f"messages[{i}].{key}")
         if m.name is not None:
-            d["name"] = m.name
+            d["name"] = valid_text(m.name, f"messages[{i}].name")
         out.append(d)
     return out
+
+
+def _tools(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    """The request's tool definitions, their text checked (the template renders it)."""
+    return None if req.tools is None else valid_json(req.tools, "tools")
 
 
 def _messages_session(
@@ -330,14 +350,14 @@ def _messages_session(
             "drop 'context' and 'documents'",
             param="declarative_attention.chunks", code="invalid_da_options",
         )
-    messages = _chat_messages(req)
+    messages, tools = _chat_messages(req), _tools(req)
     check_chars("".join(_nonspace(m["content"]) for m in messages), limits, "messages")
     try:
         return engine.messages_session(
-            messages, tools=req.tools, options=options, max_tokens=max_tokens
+            messages, tools=tools, options=options, max_tokens=max_tokens
         )
     except RunVanilla as e:
-        ids = _template_ids(engine.tokenizer, messages, req.tools, limits)
+        ids = _template_ids(engine.tokenizer, messages, tools, limits)
         sess = PlainSession(ids, limits.block_size)
         sess.note = str(e)
         return sess
@@ -384,7 +404,7 @@ def prepare_chat(engine: Any, req: ChatCompletionRequest, limits: Limits) -> Pre
     _check_n(req.n)
     if req.declarative_attention is not None:
         return _prepare_da(engine, req, limits)
-    ids = _template_ids(engine.tokenizer, _chat_messages(req), req.tools, limits)
+    ids = _template_ids(engine.tokenizer, _chat_messages(req), _tools(req), limits)
     requested = req.max_completion_tokens or req.max_tokens
     max_tokens, explicit = _requested_max(requested, limits.default_max_tokens, limits)
     final = _fit_length(len(ids), max_tokens, explicit, limits)

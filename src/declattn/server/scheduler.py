@@ -14,12 +14,12 @@ the engine, and posts each request's output to its queue with
    request cannot hold the pool while short ones wait behind it;
 3. ends requests past their deadline (``--request-timeout`` or the request's own
    ``timeout``) with what they wrote so far;
-4. runs one engine step (a prefill chunk, or one decode step for the whole batch).
+4. runs one engine step: a decode row of every running request and, beside them, a
+   piece of the prompt first in line (a mixed step: ``engine/scheduler.py``).
 
 A failure fails the requests it belongs to, never the thread: a controller's exception
-is fenced per request (``Guarded``); a prefill failure fails the sequence being
-prefilled; a failure of a batched decode step fails the sequences of that step. Their
-blocks are freed and stepping goes on.
+is fenced per request (``Guarded``); any other failure of a step fails the sequences of
+that step (the engine's ``next_batch``). Their blocks are freed and stepping goes on.
 
 Text goes out as the tag reader allows: for DA, only up to ``reader.safe_end`` (a tag is
 never shown half written), as ``Engine._stream`` does.
@@ -305,8 +305,9 @@ class Scheduler:
         self.metrics.observe_queue_wait(time.monotonic() - job.submitted)
 
     def _step(self) -> None:
-        # the sequences this step works on: one being prefilled, or the decoding batch
-        # (taken before the step: a row that finished before the failure is in it too)
+        # the sequences this step works on: the decoding batch and the one whose piece
+        # goes along (taken before the step: a row that finished before the failure is
+        # in it too)
         victims = self.engine.next_batch()
         try:
             events = self.engine.step()
@@ -378,6 +379,7 @@ class Scheduler:
             usage["vanilla_attended_tokens"],
             seq.preemptions,
         )
+        self.metrics.count_prompt_sources(**usage["prompt_cache"])
         decls = None
         if job.prepared.strip_tags:
             decls = [d.to_dict() for d in sess.declarations]
@@ -425,6 +427,16 @@ def _strip(text: str, start: int, declarations: Sequence[Declaration]) -> str:
     return "".join(out)
 
 
+def prompt_cache(seq: Request) -> dict[str, int]:
+    """Where the prompt's KV came from: the prefix cache in memory, its disk tier, or the
+    prefill (``cached_tokens``, OpenAI's field, is the first two together)."""
+    return {
+        "memory_tokens": seq.cached_tokens - seq.disk_tokens,
+        "disk_tokens": seq.disk_tokens,
+        "computed_tokens": len(seq.prompt_ids) - seq.cached_tokens,
+    }
+
+
 def build_usage(sess: Session, seq: Request, reason: str) -> dict[str, Any]:
     """OpenAI's usage, plus attended tokens and (for DA) the DA report.
 
@@ -439,6 +451,7 @@ def build_usage(sess: Session, seq: Request, reason: str) -> dict[str, Any]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": seq.cached_tokens},
+        "prompt_cache": prompt_cache(seq),
         "prefill_seconds": round(seq.prefill_seconds, 6),
         "preemptions": seq.preemptions,
         "decode_seconds": round(seq.decode_seconds, 6),

@@ -9,13 +9,17 @@ state what a valid request is rather than what happens to be handled.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 SEED_MIN = -(2**63)
 SEED_MAX = 2**64 - 1
 MAX_STOP_STRINGS = 4
+
+StopList = Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)]
+"""Up to four stop strings. The bound is on the list: on ``str | list[str]`` it would also
+bound a single string's characters (``"stop": "\\n\\nUser:"`` refused)."""
 
 
 class DARequest(BaseModel):
@@ -107,7 +111,7 @@ class _Sampling(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = Field(None, max_length=MAX_STOP_STRINGS)
+    stop: str | StopList | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     n: int | None = Field(None, ge=1, description="only 1 is supported")
     stream: bool | None = False

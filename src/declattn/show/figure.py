@@ -99,12 +99,18 @@ def mode_runs(steps: Sequence[ShowStep]) -> list[ModeRun]:
 
 
 def title(rec: ShowRecord) -> str:
-    return (
+    """Model, arm, prompt, the saving per step, and the cost per answer if known."""
+    head = (
         f"{rec.model} · {rec.arm} · prompt {rec.prompt_tokens:,} tokens in "
         f"{len(rec.chunks)} chunk{'s' if len(rec.chunks) != 1 else ''} · "
-        f"{len(rec.steps)} decode steps · saving {rec.saving:.1%} logical, "
-        f"{rec.physical_saving:.1%} physical"
+        f"{len(rec.steps)} decode steps · per step (vs the same reply read in full): "
+        f"{rec.saving:.1%} saved logical, {rec.physical_saving:.1%} physical"
     )
+    p = rec.per_answer
+    if p is None:
+        return head
+    return (f"{head}\nper answer (vs the plain reply): {p.attended:.2f}x attended tokens, "
+            f"{p.kv_bytes:.2f}x KV bytes, {p.seconds:.2f}x decode seconds")
 
 
 def draw_figure(rec: ShowRecord, dpi: int = 100) -> Any:
@@ -247,7 +253,7 @@ def _draw_attended(ax: Any, rec: ShowRecord) -> list[Any]:
             "--",
             color="#555555",
             lw=1.2,
-            label="vanilla (full attention)",
+            label="the same reply read in full",
             drawstyle="steps-mid",
             zorder=4,
         )[0],
@@ -278,8 +284,8 @@ def _draw_attended(ax: Any, rec: ShowRecord) -> list[Any]:
         0.995,
         0.97,
         f"summed over decode steps: DA {t.get('logical', 0):,} logical, "
-        f"{t.get('physical', 0):,} physical; vanilla {t.get('vanilla_logical', 0):,} "
-        f"({rec.saving:.1%} saved)",
+        f"{t.get('physical', 0):,} physical; read in full {t.get('vanilla_logical', 0):,} "
+        f"({rec.saving:.1%} saved per step)",
         transform=ax.transAxes,
         ha="right",
         va="top",

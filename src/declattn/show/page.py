@@ -173,14 +173,28 @@ def _facts(rec: ShowRecord) -> str:
         ("finish", rec.finish_reason or "?"),
         ("attended (logical)", f"{t.get('logical', 0):,}"),
         ("attended (physical)", f"{t.get('physical', 0):,}"),
-        ("vanilla", f"{t.get('vanilla_logical', 0):,}"),
-        ("saving", f"{_pct(rec.saving)} logical, {_pct(rec.physical_saving)} physical"),
+        ("read in full", f"{t.get('vanilla_logical', 0):,}"),
+        ("saved per step (vs the same reply read in full)",
+         f"{_pct(rec.saving)} logical, {_pct(rec.physical_saving)} physical"),
+        *_per_answer_facts(rec),
         ("declines", f"{len(rec.declines)}"),
         ("focus form", rec.focus_form or "?"),
     ]
     items = "".join(f"<div><dt>{_e(k)}</dt><dd>{_e(v)}</dd></div>" for k, v in facts)
     note = f'<p class="note">{_e(rec.note)}</p>' if rec.note else ""
     return f'<dl class="facts">{items}</dl>{note}'
+
+
+def _per_answer_facts(rec: ShowRecord) -> list[tuple[str, str]]:
+    """The cost per answer against the plain reply, when its record was given."""
+    p = rec.per_answer
+    if p is None:
+        return []
+    return [(
+        "per answer (vs the plain reply)",
+        f"{p.attended:.2f}x attended tokens, {p.kv_bytes:.2f}x KV bytes, {p.forwards:.2f}x "
+        f"forwards, {p.seconds:.2f}x decode seconds, {p.tokens:.2f}x reply tokens",
+    )]
 
 
 def _mode_table(rec: ShowRecord) -> str:
@@ -200,7 +214,7 @@ def _mode_table(rec: ShowRecord) -> str:
         return ""
     head = (
         "<tr><th>mode</th><th>steps</th><th>logical</th><th>physical</th>"
-        "<th>vanilla</th><th>saving</th></tr>"
+        "<th>read in full</th><th>saved per step</th></tr>"
     )
     return f'<table class="modes">{head}{"".join(rows)}</table>'
 

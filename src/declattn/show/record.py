@@ -2,11 +2,15 @@
 
 One JSON file per response: the chunks and layout, the output token by token, every
 decode step's mode and what it read (as block ranges, to keep the file small), the
-declarations and the timings. ``declattn replay`` and ``declattn show`` read it.
+declarations, the timings and the answer's counts (``stats``: what the cost per answer
+is computed from), and the DA options a replay needs (``options``). ``declattn replay``
+and ``declattn show`` read it; a plain answer's record (``run --compare --save``) is
+read for its ``stats`` only (``load_plain_stats``), to put DA's reply against it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 from collections.abc import Sequence
@@ -15,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from declattn.api import Answer
+from declattn.api.results import PerAnswer, Stats
 from declattn.api.session import DASession
 from declattn.show.view import not_a_da_record
 
@@ -102,8 +107,10 @@ def build_record(
             "prefill_seconds": s.prefill_seconds,
             "decode_seconds": s.decode_seconds,
         },
+        "stats": dataclasses.asdict(s),
     }
     if isinstance(sess, DASession):
+        record["options"] = options_of(sess)
         record["layout"] = sess.layout.to_dict()
         record["chunks"] = [
             {"id": c.id, "start": c.start, "end": c.end, "tokens": c.tokens, "text": c.text}
@@ -117,6 +124,13 @@ def build_record(
     if answer.note is not None:
         record["note"] = answer.note
     return record
+
+
+def options_of(sess: DASession) -> dict[str, Any]:
+    """The request's ``DAOptions`` as the record keeps them: every field but the
+    instruction's text (the prompt already holds it), so a replay reads under the same
+    rules (``line_start``, ``scaffold_local``) and a reader sees how the request ran."""
+    return {k: v for k, v in dataclasses.asdict(sess.options).items() if k != "instruction"}
 
 
 def save_record(record: dict[str, Any], path: str | Path) -> Path:
@@ -139,3 +153,37 @@ def load_record(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: {not_a_da_record(record, missing)}")
     return record
 
+
+
+def load_plain_stats(path: str | Path) -> Stats:
+    """The counts of a plain answer's record (``arm`` vanilla): the reply a DA reply is
+    put against, per answer (``--plain``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such record file")
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from e
+    arm = record.get("arm") if isinstance(record, dict) else None
+    if arm != "vanilla":
+        raise ValueError(f"{path}: not a plain answer's record (arm {arm!r}, not 'vanilla'): "
+                         "give the vanilla record of `run --compare --save`")
+    return stats_of(record, path)
+
+
+def stats_of(record: dict[str, Any], where: str | Path = "record") -> Stats:
+    """``Stats`` from a record's ``stats`` (records written before it have none)."""
+    raw = record.get("stats")
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: the record has no per-answer counts (\"stats\"): it was "
+                         "written before them; run the request again with --save")
+    try:
+        return Stats(**raw)
+    except TypeError as e:
+        raise ValueError(f"{where}: malformed \"stats\" ({e})") from e
+
+
+def per_answer(da_record: dict[str, Any], plain_path: str | Path) -> PerAnswer:
+    """A DA record's reply against the plain reply recorded at ``plain_path``."""
+    return PerAnswer.of(stats_of(da_record), load_plain_stats(plain_path))

@@ -15,6 +15,7 @@ import bisect
 from dataclasses import dataclass
 from typing import Any
 
+from declattn.api.results import PerAnswer
 from declattn.da.accounting import saving
 from declattn.protocol.layout import Layout, Span
 from declattn.protocol.modes import Mode
@@ -131,6 +132,10 @@ class ShowRecord:
     focus_form: str | None = None
     evidence_chunks: tuple[int, ...] | None = None
     note: str | None = None
+    per_answer: PerAnswer | None = None
+    """This reply against the plain reply to the same question, when its record was
+    given (``declattn show --plain``); ``saving`` is per step, against the same reply
+    read in full."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ShowRecord:
@@ -148,7 +153,8 @@ class ShowRecord:
 
     @property
     def saving(self) -> float:
-        """Fraction of vanilla's logical reads avoided over the decode steps."""
+        """Per step: the fraction of logical reads avoided against the same reply read in
+        full (DA vs DA-nm), over the decode steps."""
         return saving(self.totals.get("logical", 0), self.totals.get("vanilla_logical", 0))
 
     @property
@@ -158,6 +164,11 @@ class ShowRecord:
     @property
     def declines(self) -> tuple[ShowDeclaration, ...]:
         return tuple(d for d in self.declarations if d.declined)
+
+    def per_answer_line(self) -> str | None:
+        """One line on the cost per answer (``PerAnswer.verdict``), if a plain record was
+        given."""
+        return None if self.per_answer is None else self.per_answer.verdict()
 
     def focus_summary(self) -> str:
         """One line on the focuses: how many were accepted and declined, and, where the

@@ -167,7 +167,7 @@ def save(model: Decoder, config: dict[str, Any], tokenizer: Any, spec: TinySpec,
     save_tokenizer(tokenizer.backend_tokenizer, out)
     o = da_tiny_options()
     settings = {"da": {"target": o.target, "cap": o.cap, "sink": o.sink, "style": o.style,
-                       "instruction": o.instruction}}
+                       "instruction": o.instruction, "min_context": o.min_context}}
     (out / MODEL_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n")
     (out / "training.json").write_text(
         # float sums depend on the thread count: a rerun matches only with the same one

@@ -26,10 +26,13 @@ DA_TINY_SINK = 4
 
 
 def da_tiny_options() -> DAOptions:
-    """The DA settings a model trained here is served with (its ``declattn.json``)."""
+    """The DA settings a model trained here is served with (its ``declattn.json``).
+
+    ``min_context=0``: the model is trained for DA replies only (it never learnt a plain
+    answer), so there is no plain reply for the gate to weigh DA against."""
     return DAOptions(
         target=CHUNK_TOKENS, cap=CHUNK_TOKENS, sink=DA_TINY_SINK, style="inline",
-        instruction=BRIEF_INSTRUCTION,
+        instruction=BRIEF_INSTRUCTION, min_context=0,
     )
 
 

@@ -40,8 +40,8 @@ from typing import Any
 
 from declattn.vllm.offline import DEFAULT_BLOCK_SIZE, worker_logs
 
-ARMS = ("vanilla", "da-nm", "da", "da-constrained", "da-find", "da-find-constrained",
-        "da-find-index", "streaming")
+ARMS = ("vanilla", "vanilla-chunks", "da-nm", "da", "da-constrained", "da-find",
+        "da-find-constrained", "da-find-index", "da-economy", "streaming")
 REFUSED = {
     "quest": "Quest picks each step's blocks from query-key scores inside attention, which "
              "a block table cannot express",
@@ -247,6 +247,7 @@ def _prepare(key: str, index: int, arm: str, sample: Any, tok: Any, settings: An
     from declattn.eval.arms import DA_ARMS
     from declattn.eval.baselines import StreamingSession
     from declattn.protocol.prompt import render_plain
+    from declattn.protocol.segment import segment, token_counter
     from declattn.vllm.request import session_request
     from declattn.vllm.xargs import StreamingSpec
 
@@ -272,7 +273,12 @@ def _prepare(key: str, index: int, arm: str, sample: Any, tok: Any, settings: An
                                 extra_args=extra)
         return _Pending(key, index, arm, sample, sess, {"prompt_token_ids": ids}, params,
                         budget=blocks, budget_mean=mean)
-    sess = PlainSession.for_question(tok, sample.context, question, block_size)
+    if arm == "vanilla-chunks":  # the plain final turn over the DA arms' chunk transcript
+        o = settings.da_options("da")
+        chunks = segment(sample.context, token_counter(tok), o.target, o.cap)
+        sess = PlainSession.over_chunks(tok, chunks, question, block_size, o)
+    else:
+        sess = PlainSession.for_question(tok, sample.context, question, block_size)
     params = SamplingParams(temperature=0.0, max_tokens=settings.max_tokens)
     return _Pending(key, index, arm, sample, sess, {"prompt_token_ids": sess.prompt_ids}, params)
 

@@ -8,6 +8,7 @@ tokenizer cannot shift a span by a token.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +82,7 @@ def session_request(sess: DASession, *, label: str | None = None) -> VllmDAReque
     """The vLLM request of a ``DASession`` already built (same prompt, same layout): the
     eval backend keeps the session to count the response as our engine counts it."""
     o = sess.options
+    warn_no_jump_forward(o)
     spec = DASpec(layout=sess.layout, line_start=o.line_start, masking=o.masking,
                   constrain=bool(o.constrain), label=label, focus=o.focus,
                   scaffold_local=o.scaffold_local)
@@ -108,6 +110,7 @@ def build_request(
     if not question.strip():
         raise ValueError("the question is empty")
     o = options or DAOptions()
+    warn_no_jump_forward(o)
     chunks = segment(context, token_counter(tokenizer), o.target, o.cap)
     rendered = render_prompt(
         tokenizer, chunks, question, sink=o.sink, style=o.style,
@@ -124,3 +127,16 @@ def build_request(
         scaffold_local=o.scaffold_local,
     )
     return VllmDARequest(rendered=rendered, chunks=tuple(chunks), spec=spec)
+
+
+def warn_no_jump_forward(options: DAOptions) -> None:
+    """vLLM's scheduler decodes one token a step: fixed tag text (``jump_forward``) is
+    decoded token by token there. Say so (once per place, Python's default filter),
+    never pretend: the reads are the same, the extra steps are not."""
+    if options.jump_forward:
+        warnings.warn(
+            "jump-forward is not available through vLLM: fixed tag text is decoded one "
+            "token a step there (same reads, more steps); our engine appends it in one "
+            "forward",
+            stacklevel=3,
+        )

@@ -11,10 +11,10 @@
 // pointers: the kernel walks the kept rows in tiles of row pointers, whatever runs they
 // come from, and reads each K and V row once.
 //
-// Compiled with -march=native on the machine that runs it. Two paths share the work
-// split, the tiles of row pointers and the merge here:
+// Built once per CPU variant (engine/native/variants.py), the one loaded picked by the CPU's
+// features. Two paths share the work split, the tiles of row pointers and the merge here:
 // - decode_attn_portable.h: GCC/Clang vector extensions (8 x fp32), any pool dtype and
-//   head_dim a multiple of 8; AVX2+FMA, AVX-512 or NEON code by the machine;
+//   head_dim a multiple of 8; AVX2+FMA, AVX-512 or NEON code by the variant;
 // - decode_attn_avx512.h: bf16 queries over a bf16 pool (the engine's default on a CPU),
 //   head_dim 32/64/128/256, where the CPU has AVX-512 BF16: keys transposed per tile and
 //   scored with vdpbf16ps (AMD) or fp32 FMAs (Intel), rows read ahead by software prefetch;
@@ -25,6 +25,8 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
+
+#include "declattn_ops.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -376,11 +378,7 @@ std::string decode_scoring() {
   }
 }
 
-#ifndef DECLATTN_OP_NAMESPACE
-#define DECLATTN_OP_NAMESPACE declattn
-#endif
-
-TORCH_LIBRARY(DECLATTN_OP_NAMESPACE, m) {
+DECLATTN_FRAGMENT(m) {
   m.def("decode_attention(Tensor q, Tensor kp, Tensor vp, Tensor runs, Tensor offsets, "
         "float scale, int min_split_rows, int scoring=0) -> Tensor");
   m.impl("decode_attention", c10::DispatchKey::CPU, &decode_attention);

@@ -22,6 +22,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include "declattn_ops.h"
+
 #include <cmath>
 #include <algorithm>
 #include <cstdint>
@@ -123,7 +125,7 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 
 }  // namespace
 
-TORCH_LIBRARY(declattn_layers, m) {
+DECLATTN_FRAGMENT(m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps, bool unit_offset) -> Tensor");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.impl("rms_norm", c10::DispatchKey::CPU, &rms_norm);

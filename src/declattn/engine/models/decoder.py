@@ -6,7 +6,9 @@ are read is the ``AttentionFn``'s business (see ``attention_api``).
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections import Counter
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -18,9 +20,11 @@ from declattn.engine.models.token_context import TokenContext
 
 
 class LayerRunner(Protocol):
-    """Every decoder layer of a step at once, by another route than the modules (one that
-    computes the same, bit for bit: ``quant/decode_layers.py``), or ``None`` for a step it
-    does not take, which the modules then run."""
+    """A decode step's layers at once, by another route than the modules (one that computes
+    the same, bit for bit: ``quant/decode_layers.py``)."""
+
+    missed: Counter[str]
+    """Decode steps it could not run in one call, by reason (and how they ran)."""
 
     def __call__(
         self,
@@ -28,7 +32,34 @@ class LayerRunner(Protocol):
         rope_global: tuple[Tensor, Tensor],
         rope_local: tuple[Tensor, Tensor],
         attn: AttentionFn,
-    ) -> Tensor | None: ...
+    ) -> Tensor | None:
+        """The layers' output; ``None`` where the modules run the step: one that is not a
+        decode step on paged KV (a prefill: by design), or one it counts in ``missed``."""
+        ...
+
+
+@dataclass(frozen=True)
+class DecodeRoute:
+    """How a ``Decoder``'s decode steps run, chosen once at load (``engine/route.py``):
+    ``stack`` (``runner``: every layer in one native call) or ``modules`` (the module tree),
+    and why."""
+
+    kind: Literal["stack", "modules"] = "modules"
+    why: str = "no route chosen (a model not built by the loader)"
+    runner: LayerRunner | None = None
+
+    @property
+    def missed(self) -> Counter[str]:
+        """Decode steps the stack could not take, by reason: none goes unseen."""
+        return self.runner.missed if self.runner is not None else Counter()
+
+    def describe(self) -> str:
+        """One line: the route, why, and any decode steps off it."""
+        line = f"{self.kind}: {self.why}"
+        if self.missed:
+            off = "; ".join(f"{n} x {reason}" for reason, n in self.missed.most_common())
+            line += f" (decode steps off it: {off})"
+        return line
 
 
 class DecoderLayer(nn.Module):
@@ -87,12 +118,12 @@ class Decoder(nn.Module):
         )
         self._rotary_global = Rotary(c.rope_global, c.head_dim)
         self._rotary_local = Rotary(c.rope_local, c.head_dim) if c.rope_local else None
-        self.layer_runner: LayerRunner | None = None
+        self.decode_route = DecodeRoute()
 
-    def use_layer_runner(self, runner: LayerRunner | None) -> None:
-        """Run the layers through ``runner`` where it takes the step (``None``: always the
-        modules). Whoever changes the layers' modules afterwards sets it again."""
-        self.layer_runner = runner
+    def use_route(self, route: DecodeRoute) -> None:
+        """Run decode steps by ``route`` (``engine/route.py`` chooses it). Whoever changes
+        the layers' modules afterwards chooses again: a runner holds the weights it took."""
+        self.decode_route = route
 
     def forward(
         self,
@@ -113,7 +144,7 @@ class Decoder(nn.Module):
             h = h + self._aids(context)
         rope_global = self._rotary_global.cos_sin(positions)
         rope_local = self._rotary_local.cos_sin(positions) if self._rotary_local else rope_global
-        run = self.layer_runner
+        run = self.decode_route.runner
         done = run(h, rope_global, rope_local, attn) if run is not None else None
         if done is not None:
             return self.norm(done)

@@ -3,39 +3,32 @@
 Why: each is 6-8 small torch ops (casts, pow, mean, rsqrt, slices, cat) whose fixed cost
 per op, not their arithmetic, is what a decode step pays: ~97 such calls per step of a
 24-layer model. The kernel does the same arithmetic in the same roundings (fp32 inside,
-the activation dtype where the torch code rounds), built and cached like the other
-kernels (``engine/native.py``). Anything it does not take (a GPU tensor, fp16, a weight
-in another dtype than the activations, a gradient wanted: it has no backward) returns
-``None`` and the caller runs its torch code; so does a machine where it cannot be built
-(one warning, from ``load_op``) or ``DECLATTN_LAYER_KERNEL=torch`` (chosen: no warning).
+the activation dtype where the torch code rounds); it is part of the native extension
+(``engine/native``). Anything it does not take (a GPU tensor, fp16, a weight in another
+dtype than the activations, a gradient wanted: it has no backward) returns ``None`` and
+the caller runs its torch code; so does a machine without the extension (one warning,
+from ``native.library``) or ``DECLATTN_LAYER_KERNEL=torch`` (chosen: no warning).
 """
 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from declattn.engine.native import load_op
+from declattn.engine import native
 
-SOURCE = Path(__file__).parent.parent / "csrc" / "norm_rope.cpp"
 ENV_SWITCH = "DECLATTN_LAYER_KERNEL"
 DTYPES = (torch.bfloat16, torch.float32)
 
 
 @functools.cache
 def layer_ops() -> Any:
-    """``torch.ops.declattn_layers`` (``rms_norm``, ``rotary``), built on first use; ``None``
-    when it cannot be had (after one warning) or is switched off."""
-    return load_op(
-        SOURCE,
-        lambda: torch.ops.declattn_layers,
-        ENV_SWITCH,
-        "RMSNorm and RoPE run as torch ops (a few ms more per decode step)",
-    )
+    """``torch.ops.declattn`` for ``rms_norm`` and ``rotary``; ``None`` where switched off
+    or unavailable."""
+    return native.ops(ENV_SWITCH)
 
 
 def _takes(*tensors: Tensor) -> Any:

@@ -6,25 +6,22 @@ threads) and starts reading cold. qwen2.5-0.5b's 128-row k and v projections rea
 tenth of the bandwidth of its large matrices for that reason. Merged, a layer makes
 four weight calls instead of seven, and the merged call's tiles are one range over the
 threads (``GGUFConcat``). The outputs are what the separate layers give, bit for bit.
-A ``Decoder`` whose layers are then all GGUF also gets its runner for short steps
-(``decode_layers.py``).
+The merged layers are what the ``stack`` decode route takes (``engine/route.py``).
 """
 
 from __future__ import annotations
 
 from torch import nn
 
-from declattn.engine.models.decoder import Decoder
 from declattn.engine.models.layers import MLP, Attention
-from declattn.engine.quant.decode_layers import GGUFDecodeLayers
 from declattn.engine.quant.linear import GGUFConcat, GGUFLinear
 
 
 def fuse_gguf_projections(model: nn.Module) -> int:
     """Merge, in place, every attention's q/k/v and every MLP's gate/up whose layers are
-    all GGUF layers (after the weights are loaded: the biases are taken as they are), and
-    set a ``Decoder``'s layer runner afresh (``None`` where its layers do not qualify).
-    Returns how many merged layers were made."""
+    all GGUF layers (after the weights are loaded: the biases are taken as they are).
+    Returns how many merged layers were made; a ``Decoder``'s route is chosen afresh
+    after (``route.choose_route``)."""
     made = 0
     for module in list(model.modules()):
         if isinstance(module, Attention):
@@ -37,6 +34,4 @@ def fuse_gguf_projections(model: nn.Module) -> int:
             if all(isinstance(p, GGUFLinear) for p in parts):
                 module.fuse_gate_up(GGUFConcat(parts))
                 made += 1
-    if isinstance(model, Decoder):
-        model.use_layer_runner(GGUFDecodeLayers.of(model))
     return made

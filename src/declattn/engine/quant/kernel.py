@@ -1,27 +1,19 @@
-"""The GGUF block matmul (``csrc/gguf_matmul.cpp``), and the layer ops that call it
-(``csrc/decode_layer.cpp``): built once per machine through the same build path as the
-decode-attention kernel (``engine/native.py``: one compiler policy, one cache layout, one
-warning on failure).
+"""The GGUF block matmul (``engine/csrc/gguf_matmul.cpp``), and the layer ops that call it
+(``engine/csrc/decode_layer.cpp``): part of the native extension (``engine/native``).
 
-Built here rather than shipped for the same reasons: ``-march=native`` for the CPU that
-runs it, against the torch installed. If it cannot be built, GGUF layers fall back to
-torch's packed int4/int8 kernels (``linear.py``), with one warning naming cause and fix;
-``DECLATTN_GGUF_KERNEL=torch`` chooses that fallback on purpose, without the warning.
+Where the extension cannot be had, GGUF layers fall back to torch's packed int4/int8
+kernels (``linear.py``), after the extension's one warning; ``DECLATTN_GGUF_KERNEL=torch``
+chooses that fallback on purpose, without the warning.
 """
 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 from typing import Any
 
-import torch
-
+from declattn.engine import native
 from declattn.engine.models.fused import layer_ops
-from declattn.engine.native import load_op
 
-SOURCE = Path(__file__).with_name("csrc") / "gguf_matmul.cpp"
-LAYER_SOURCE = Path(__file__).with_name("csrc") / "decode_layer.cpp"
 LAYER_SWITCH = "DECLATTN_LAYER_KERNEL"
 """The switch of the norm/RoPE kernel (``models/fused.py``), which the layer ops call."""
 ENV_SWITCH = "DECLATTN_GGUF_KERNEL"
@@ -38,30 +30,17 @@ each holds and the rows of a group (sixteen: AVX-512 VNNI, ``gguf_rows16_vnni.h`
 
 @functools.cache
 def gguf_ops() -> Any:
-    """``torch.ops.declattn_gguf`` (``gguf_linear``, ``gguf_dequantize``), built on first
-    use; ``None`` (after one warning) when it cannot be had, or when
-    ``DECLATTN_GGUF_KERNEL=torch``."""
-    return load_op(
-        SOURCE,
-        lambda: torch.ops.declattn_gguf,
-        ENV_SWITCH,
-        "GGUF weights are re-rounded to torch's int4/int8 kernels (slower, and 5- to 8-bit "
-        "formats lose precision)",
-    )
+    """``torch.ops.declattn`` for ``gguf_linear``, ``gguf_dequantize`` and the rest;
+    ``None`` where ``DECLATTN_GGUF_KERNEL=torch`` or the extension is unavailable."""
+    return native.ops(ENV_SWITCH)
 
 
 @functools.cache
 def decode_layer_ops() -> Any:
-    """``torch.ops.declattn_decode_layer`` (``before_attention``, ``after_attention``: a
-    GGUF layer's work around its attention in two calls, ``decode_layers.py``), built on
-    first use; ``None`` (after one warning) when it cannot be had, or when
-    ``DECLATTN_LAYER_KERNEL=torch``. Its ops call the GGUF and norm/RoPE kernels, so it is
-    loaded only after both (``None`` where either is missing)."""
+    """``torch.ops.declattn`` for ``DecodeStack`` (a GGUF model's decode step in one
+    call, ``decode_layers.py``);
+    ``None`` where ``DECLATTN_LAYER_KERNEL=torch``, or where either kind of op it calls
+    (the GGUF matmul, norm/RoPE) is switched off."""
     if gguf_ops() is None or layer_ops() is None:
         return None
-    return load_op(
-        LAYER_SOURCE,
-        lambda: torch.ops.declattn_decode_layer,
-        LAYER_SWITCH,
-        "a GGUF decode step runs its layers through the modules (a few ms more per step)",
-    )
+    return native.ops(LAYER_SWITCH)

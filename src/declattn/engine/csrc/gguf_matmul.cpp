@@ -14,15 +14,17 @@
 // scaled in one vector multiply-add per super-block (was eight dependent ones), and the
 // 32-value formats' rows reduced eight at a time the same way (was per row); codes
 // stored with an offset used as unsigned bytes, the offset taken off once per block; and
-// OpenMP in the build (native.py), without which at::parallel_for ran on one thread.
+// OpenMP in the build (native/build.py), without which at::parallel_for ran on one thread.
 //
-// Compiled with -march=native on the machine that runs it: AVX2 where the CPU has it, a
+// Built once per CPU variant (engine/native/variants.py): AVX2 where the variant has it, a
 // plain C++ loop otherwise (same results, to float rounding).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
+
+#include "declattn_ops.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -330,7 +332,7 @@ int64_t threads_used(int64_t n) {
 
 }  // namespace
 
-TORCH_LIBRARY(declattn_gguf, m) {
+DECLATTN_FRAGMENT(m) {
   m.def("gguf_linear(Tensor x, Tensor w, int type) -> Tensor");
   m.def("gguf_linear_cat(Tensor x, Tensor[] ws, int[] types) -> Tensor");
   m.def("gguf_dequantize(Tensor w, int type, int k) -> Tensor");

@@ -1,10 +1,10 @@
-// A decoder layer's work around its attention, for a short step of a GGUF model, in two
-// native calls: ``before_attention`` (norm, merged q/k/v matmul, bias, q/k norms, RoPE) and
-// ``after_attention`` (o matmul, residual, norm, merged gate/up matmul, activation, down
-// matmul, residual; Gemma's sandwich norms). decode_layers.py calls them per layer.
-// On a pure decode step, ``DecodeStack`` runs every layer in one call: those two, and
-// between them the paged attention's own two kernels (store the new keys and values,
-// decode attention over the runs the step planned).
+// A GGUF model's decode step in one native call, ``DecodeStack.run`` (decode_layers.py):
+// per layer ``before_attention`` (norm, merged q/k/v matmul, bias, q/k norms, RoPE), the
+// paged attention's own two kernels (store the new keys and values, decode attention over
+// the runs the step planned), and ``after_attention`` (o matmul, residual, norm, merged
+// gate/up matmul, activation, down matmul, residual; Gemma's sandwich norms). A decode
+// step whose reads cannot be planned up front (query-aware selection) calls the two ops
+// per layer around the attention function instead.
 //
 // Why: made from Python, that work was ~20 op calls per layer, ~500 a step of a 24-layer
 // model, and a Python op call costs a few microseconds of its own whatever the tensor
@@ -28,6 +28,8 @@
 #include <ATen/ops/silu.h>
 #include <torch/custom_class.h>
 #include <torch/library.h>
+
+#include "declattn_ops.h"
 
 #if defined(__AVX512F__)
 #include <ATen/TensorIterator.h>
@@ -60,11 +62,12 @@ const Set& found() {
   return handles;
 }
 
-// The layer ops' own (their libraries are loaded before this one).
+// The layer ops' own (gguf_matmul.cpp, norm_rope.cpp: the same library).
 struct Ops {
-  c10::TypedOperatorHandle<LinearSig> linear = find<LinearSig>("declattn_gguf::gguf_linear_cat");
-  c10::TypedOperatorHandle<NormSig> norm = find<NormSig>("declattn_layers::rms_norm");
-  c10::TypedOperatorHandle<RotarySig> rotary = find<RotarySig>("declattn_layers::rotary");
+  c10::TypedOperatorHandle<LinearSig> linear =
+      find<LinearSig>(DECLATTN_OP("gguf_linear_cat"));
+  c10::TypedOperatorHandle<NormSig> norm = find<NormSig>(DECLATTN_OP("rms_norm"));
+  c10::TypedOperatorHandle<RotarySig> rotary = find<RotarySig>(DECLATTN_OP("rotary"));
 };
 
 const Ops& ops() { return found<Ops>(); }
@@ -249,15 +252,17 @@ at::Tensor after_attention(
 // ops are the very ones the Python path calls, in the same order, so the result and what
 // the pools hold are the same bit for bit (tests/engine/test_quant_decode_layers.py).
 
-using StoreSig = void(at::Tensor, at::Tensor, const at::Tensor&, const at::Tensor&, int64_t);
+using StoreSig = void(at::Tensor, at::Tensor, const at::Tensor&, const at::Tensor&,
+                       const at::Tensor&);
 using AttendSig = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
                              const at::Tensor&, const at::Tensor&, double, int64_t, int64_t);
 
 // The paged attention's kernels (kv_store.cpp, decode_attn.cpp), found at the first step:
-// only the stack needs them, and they are loaded only where the engine uses them.
+// only the stack needs them.
 struct AttentionOps {
-  c10::TypedOperatorHandle<StoreSig> store = find<StoreSig>("declattn_kv::store_rows");
-  c10::TypedOperatorHandle<AttendSig> attend = find<AttendSig>("declattn::decode_attention");
+  c10::TypedOperatorHandle<StoreSig> store = find<StoreSig>(DECLATTN_OP("store_rows"));
+  c10::TypedOperatorHandle<AttendSig> attend =
+      find<AttendSig>(DECLATTN_OP("decode_attention"));
 };
 
 // One layer's weights and shapes: the arguments of its two calls above.
@@ -297,11 +302,11 @@ struct DecodeStack : torch::CustomClassHolder {
   }
 
   // h [T, hidden] through every layer: layer i stores its new keys and values at pool rows
-  // [row, row + T) of k_pools[i] and v_pools[i], then attends over runs[i] (rows per
+  // rows[0..T) of k_pools[i] and v_pools[i], then attends over runs[i] (rows per
   // decode row by offsets[i], as decode.py's RunBatch) -> [T, hidden].
   at::Tensor run(at::Tensor h, at::Tensor cos_g, at::Tensor sin_g, at::Tensor cos_l,
                  at::Tensor sin_l, std::vector<at::Tensor> k_pools,
-                 std::vector<at::Tensor> v_pools, int64_t row, std::vector<at::Tensor> runs,
+                 std::vector<at::Tensor> v_pools, at::Tensor rows, std::vector<at::Tensor> runs,
                  std::vector<at::Tensor> offsets, int64_t min_split_rows) {
     const size_t n = layers.size();
     TORCH_CHECK(k_pools.size() == n && v_pools.size() == n && runs.size() == n &&
@@ -315,7 +320,7 @@ struct DecodeStack : torch::CustomClassHolder {
       auto [q, k, v] = before_attention(h, x.attn_norm, x.eps, x.unit_offset, x.qkv, x.qkv_types,
                                         x.qkv_bias, x.heads, x.kv_heads, x.dim, x.q_norm,
                                         x.k_norm, cos, sin);
-      attn.store.call(k_pools[i], v_pools[i], k, v, row);
+      attn.store.call(k_pools[i], v_pools[i], k, v, rows);
       const at::Tensor out = attn.attend.call(q.contiguous(), k_pools[i], v_pools[i], runs[i],
                                               offsets[i], x.scale, min_split_rows, 0);
       h = after_attention(h, out, x.eps, x.unit_offset, x.o, x.o_types, x.o_bias,
@@ -329,7 +334,7 @@ struct DecodeStack : torch::CustomClassHolder {
 
 }  // namespace
 
-TORCH_LIBRARY(declattn_decode_layer, m) {
+DECLATTN_FRAGMENT(m) {
   m.class_<DecodeStack>("DecodeStack")
       .def(torch::init<>())
       .def("add", &DecodeStack::add)

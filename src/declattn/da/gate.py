@@ -1,0 +1,87 @@
+"""The break-even gate by the whole answer: run DA only where its reply is expected to
+cost less than the plain reply to the same question.
+
+A decode step on a CPU is bound by the bytes it reads: the model's weights once per
+forward, plus the KV positions its view keeps. So the cost of a reply, in bytes, is the
+sum over its forwards of ``weights + kv_per_token x kept positions``, and the time is
+that over the bandwidth; the bandwidth cancels in the ratio. A DA reply has more tokens
+than the plain one (its tags), but most of them read only the scaffold or one chunk; a
+plain reply reads the whole context every step. Which one is cheaper depends on the
+context length, the chunk size, the model's weight bytes against its KV bytes per token
+(a small model's weights dominate until long contexts), and the length and shape of the
+replies, which come from measurement (``ReplyShape``; docs/eval.md gives the study).
+
+focus-llama states the same balance as ``(1 + extra output) x (global share + (1 -
+global share) x focus-step cost ratio)``; this module computes it per request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ReplyShape:
+    """How many forwards a reply takes, by what they read: ``scaffold`` forwards read the
+    scaffold only (tags, under the scaffold rule, or local blocks), ``focus`` forwards
+    one focused chunk (an answer written inside a focus included), ``full`` forwards the
+    whole prompt (global blocks); ``plain`` is the plain reply's length in tokens."""
+
+    scaffold: float
+    focus: float
+    full: float
+    plain: float
+
+
+ECONOMY_SHAPE = ReplyShape(scaffold=8.0, focus=6.0, full=0.0, plain=16.0)
+"""The economical protocol (a find focus, the answer inside it): its tag words and tags
+read the scaffold; the answer reads one chunk. Calibrated on qwen2.5-0.5b (docs/eval.md,
+"Per answer")."""
+
+CLASSIC_SHAPE = ReplyShape(scaffold=12.0, focus=14.0, full=50.0, plain=16.0)
+"""The chunk-id protocol with a global survey first (``DA_INSTRUCTION``): long replies
+whose global block reads everything (docs/eval.md, "Per answer")."""
+
+
+@dataclass(frozen=True)
+class ReplyCost:
+    """A request's expected reply costs, in bytes read, and the decision."""
+
+    da_bytes: float
+    plain_bytes: float
+
+    @property
+    def ratio(self) -> float:
+        """DA's expected bytes over the plain reply's."""
+        return self.da_bytes / self.plain_bytes
+
+    @property
+    def run_da(self) -> bool:
+        return self.ratio < 1.0
+
+
+def expected_cost(
+    *,
+    context_tokens: int,
+    prompt_tokens: int,
+    scaffold_tokens: int,
+    chunk_tokens: int,
+    weight_bytes: int,
+    kv_bytes_per_token: int,
+    shape: ReplyShape,
+) -> ReplyCost:
+    """The expected bytes of a DA reply and of the plain reply to the same question.
+
+    ``prompt_tokens``: the DA prompt (the plain one is taken as long as the context plus
+    the scaffold); ``scaffold_tokens``: what a scaffold step keeps (sink and question
+    window); ``chunk_tokens``: one chunk, what a focus adds."""
+    if min(context_tokens, prompt_tokens, weight_bytes, kv_bytes_per_token) <= 0:
+        raise ValueError("token counts and byte sizes must be positive")
+    w, k = float(weight_bytes), float(kv_bytes_per_token)
+    da = (
+        shape.scaffold * (w + k * scaffold_tokens)
+        + shape.focus * (w + k * (scaffold_tokens + chunk_tokens))
+        + shape.full * (w + k * prompt_tokens)
+    )
+    plain = shape.plain * (w + k * (context_tokens + scaffold_tokens))
+    return ReplyCost(da, plain)
