@@ -245,7 +245,7 @@ QWEN25_DA_DIR = Path(__file__).resolve().parent.parent / "data" / "qwen25_da"
 QWEN25_DA = ShippedAdapter(
     base="qwen2.5-0.5b",
     directory=QWEN25_DA_DIR,
-    sha256="0" * 64,
+    sha256="101cd9150debbf033a691634c0f40e8d50e489e8861cf834a225f7bc26805c65",
     filename="qwen2.5-0.5b-da.gguf",
 )
 """qwen2.5-0.5b taught to declare (docs/training.md)."""
