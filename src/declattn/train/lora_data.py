@@ -24,7 +24,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from declattn.da.options import DAOptions
@@ -154,7 +153,3 @@ def _sequence(
     )
     return SeqExample(input_ids, labels, mask, layout.question.start, layout,
                       tuple(q.kind for q, _, _ in turns), tuple(r for _, r, _ in turns))
-
-
-def as_tensors(e: SeqExample) -> tuple[Tensor, Tensor]:
-    return torch.tensor(e.input_ids), torch.tensor(e.labels)
