@@ -3,7 +3,8 @@
 Bottom up, a package may import its own modules and those of the layers below it, never
 one above it, nor a peer on its own layer:
 
-    protocol  <  da  <  engine  <  api  <  show, train, server, eval  <  vllm  <  bench  <  cli
+    protocol  <  da  <  engine  <  api  <  corpora  <  show, train, server, eval  <  vllm  <
+    bench  <  cli
 
 - ``protocol/`` and ``da/`` import no torch: the protocol and the DA core are usable by
   any engine;
@@ -29,6 +30,7 @@ LAYERS: list[set[str]] = [
     {"da"},
     {"engine"},
     {"api"},
+    {"corpora"},
     {"show", "train", "server", "eval"},
     {"vllm"},
     {"bench"},

@@ -99,7 +99,7 @@ def test_greedy_text_equals_step_by_step_on_the_shipped_model() -> None:
     with jump-forward is the reply decoded one token at a time, up to its ``</answer>``
     (where the reply ends; one token at a time, the token that closes the tag may carry
     a character or two past it, ``></``, which forcing the closing text avoids)."""
-    from declattn.eval.corpus import planted_document, planted_fact
+    from declattn.corpora.essays import planted_document, planted_fact
     from declattn.protocol.segment import token_counter
 
     eng = Engine.from_pretrained("qwen2.5-0.5b", dtype="fp32", kv_disk=False)

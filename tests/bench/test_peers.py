@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from declattn.bench.peers import PeersConfig, _prompt
+from declattn.bench.peers import PeersConfig, _prompt, run_peers
 
 
 @pytest.mark.parametrize(
@@ -34,3 +34,10 @@ def test_too_many_decoded_tokens_for_the_positions_is_a_clear_error(smol_tokeniz
     cfg = PeersConfig(contexts=(4096,), threads=(1, 2), repeats=200, decode_tokens=16)
     with pytest.raises(ValueError, match="leave no room for a document"):
         _prompt(smol_tokenizer, 4096, 4096, cfg)
+
+
+@pytest.mark.parametrize("compare", [("qwen2.5-0.5b",), ("qwen2.5-0.5b-da", "qwen2.5-0.5b-da")])
+def test_compare_names_each_other_model_once(compare):
+    cfg = PeersConfig(compare=compare, llama_python=None)
+    with pytest.raises(ValueError, match="name each model once"):
+        run_peers(cfg)  # before any model loads

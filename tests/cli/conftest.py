@@ -33,7 +33,7 @@ def tiny_model_dir(tmp_path_factory, smol_tokenizer) -> Path:
 def long_doc(tmp_path_factory, smol_tokenizer) -> Path:
     """About 3K tokens of prose: past one 2,048-token chunk, so DA has chunks to skip and
     the plain prompt over the same chunks shares whole prefill chunks with the DA one."""
-    from declattn.eval.corpus import planted_document, planted_fact
+    from declattn.corpora.essays import planted_document, planted_fact
     from declattn.protocol.segment import token_counter
 
     fact, _, _ = planted_fact(0)

@@ -1,12 +1,16 @@
 """Task generators: the answer sits in the chunk the sample says, the length is the one
-asked for, and a seed gives the same sample back."""
+asked for, a seed gives the same sample back, and every task's samples are pinned."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+
 import pytest
 
+from declattn.corpora.essays import planted_fact
 from declattn.eval.sample import evidence_chunks
-from declattn.eval.tasks import FAMILIES, TASKS, generate, resolve_tasks
+from declattn.eval.tasks import FAMILIES, TASKS, TaskData, generate, resolve_tasks
 from declattn.protocol.prompt import render_plain
 from declattn.protocol.segment import segment
 
@@ -117,3 +121,32 @@ def test_answer_format_goes_to_ordinary_prompts_only(name, samples):
     assert plain.startswith(s.question)
     if s.answer_format:
         assert plain.endswith(s.answer_format) and s.answer_format not in s.question
+
+
+FINGERPRINTS = {
+    "eval": "e2a8f2864d17a70140c9babb9e6fc2e6947cebd19ea8bfd290eaf4e099ccdd71",
+    "all": "36e91fb1c087ad285b93ecc887c706228192d7701586b93d39291de170f4613a",
+}
+"""Every task at 2 lengths x 3 seeds (header and context of each sample) and 200 planted
+facts, over the SmolLM2 tokenizer. ``eval`` is what every evaluation reads: the
+evaluation part of the corpora (``corpora/split.py``). ``all`` reads the corpora whole:
+the samples from before the split, so the split changed the samples only by what it takes
+away. A change to any generator changes these on purpose or not at all."""
+
+
+@pytest.mark.parametrize("part", list(FINGERPRINTS))
+def test_samples_of_every_task_are_pinned(part, smol_tokenizer):
+    data = TaskData.for_tokenizer(smol_tokenizer, part)
+    h = hashlib.sha256()
+    seen = set()
+    for name in TASKS:
+        for length in (2048, 4096):
+            for seed in (0, 1, 2):
+                s = generate(name, data, length, seed)
+                h.update(json.dumps(s.header(), sort_keys=True, default=repr).encode())
+                h.update(s.context.encode())
+                seen.add(s.task)
+    for seed in range(200):
+        h.update(repr(planted_fact(seed)).encode())
+    assert seen == set(TASKS)
+    assert h.hexdigest() == FINGERPRINTS[part]

@@ -13,7 +13,10 @@ and declattn DA in a focus that keeps about ``focus_share`` of the context (the 
 size is set so that one chunk is that share; the steps timed are all in focus, which
 the session's own record checks). Prefill is real and timed for llama.cpp and declattn
 vanilla; the DA arm's KV is synthetic (``prefill_synthetic``: a step's cost does not
-depend on the values it reads) since its prompt is the same.
+depend on the values it reads) since its prompt is the same. ``compare`` adds the
+declattn arms of other models with the same tokenizer to the same interleaved repeats
+(``qwen2.5-0.5b-da`` beside ``qwen2.5-0.5b``: does the merged adapter cost a decode step
+anything?), named after their model.
 """
 
 from __future__ import annotations
@@ -48,9 +51,11 @@ WARMUP_STEPS = 2  # decoded on every arm before timing (after the focus tag)
 @dataclass(frozen=True)
 class PeersConfig:
     """What to run. ``prefill_threads``: thread counts that prefill is timed at (each a
-    fresh prefill; ``None``: every value of ``threads``)."""
+    fresh prefill; ``None``: every value of ``threads``). ``compare``: other declattn
+    models (``model``'s tokenizer) timed beside ``model``'s declattn arms."""
 
     model: str = "qwen2.5-0.5b"
+    compare: tuple[str, ...] = ()
     contexts: tuple[int, ...] = (4096, 16384, 32768)
     threads: tuple[int, ...] = (1, 2)
     prefill_threads: tuple[int, ...] | None = None
@@ -233,20 +238,32 @@ def profile_step(arm: Arm, threads: int, steps: int = 3) -> dict[str, float]:
     return kinds
 
 
+def _suffix(name: str, cfg: PeersConfig) -> str:
+    """The arm-name suffix of a model's declattn arms: none for ``cfg.model``."""
+    return "" if name == cfg.model else f" ({name})"
+
+
 def run_context(
-    engine: Engine, worker: LlamaWorker | None, context: int, cfg: PeersConfig, log
+    engines: dict[str, Engine], worker: LlamaWorker | None, context: int, cfg: PeersConfig, log
 ) -> dict[str, Any]:
-    """Every arm at one context length: prefills, then interleaved decode blocks."""
-    limit = engine.loaded.config.max_position_embeddings
-    sessions, tokens, tag_len = _prompt(engine.tokenizer, limit, context, cfg)
+    """Every arm at one context length: prefills, then interleaved decode blocks.
+    ``engines``: ``cfg.model``'s first, then each of ``cfg.compare``."""
+    engine = engines[cfg.model]
+    limit = min(e.loaded.config.max_position_embeddings for e in engines.values())
+    # Each model's arms drive sessions of their own (a session records its steps).
+    per_model = {m: _prompt(e.tokenizer, limit, context, cfg) for m, e in engines.items()}
+    sessions, tokens, tag_len = per_model[cfg.model]
     prompt = sessions["da"].prompt_ids
-    if sessions["vanilla"].prompt_ids != prompt:
-        raise AssertionError("the two declattn arms must share one prompt")
+    for s, t, _ in per_model.values():
+        if s["vanilla"].prompt_ids != prompt or s["da"].prompt_ids != prompt or t != tokens:
+            raise AssertionError("every declattn arm must share one prompt and output")
     arms = [Arm(f"llama.cpp fa={'on' if fa else 'off'}", fa=fa) for fa in cfg.flash_attn]
     if worker is None:
         arms = []
-    van = _declattn_arm(engine, "declattn vanilla", sessions["vanilla"], tokens, cfg)
-    da = _declattn_arm(engine, "declattn DA", sessions["da"], tokens, cfg)
+    vans = {m: _declattn_arm(e, "declattn vanilla" + _suffix(m, cfg),
+                             per_model[m][0]["vanilla"], tokens, cfg) for m, e in engines.items()}
+    das = {m: _declattn_arm(e, "declattn DA" + _suffix(m, cfg), per_model[m][0]["da"], tokens,
+                            cfg) for m, e in engines.items()}
     log(f"context {context:,}: prompt {len(prompt):,} tokens, {len(sessions['da'].chunks)} "
         f"chunks, {len(tokens)} forced tokens")
     for t in cfg.prefill_threads or cfg.threads:
@@ -254,21 +271,27 @@ def run_context(
             answer = worker.call(cmd="prefill", fa=arm.fa, threads=t, tokens=prompt)
             arm.prefill_seconds[t] = answer["seconds"]
         torch.set_num_threads(t)
-        if van.seq.prefilled:  # a fresh prefill for each thread count
-            timed = van.prefill_seconds
-            van = _declattn_arm(engine, van.name, sessions["vanilla"], tokens, cfg)
-            van.prefill_seconds = timed
-        van.prefill_seconds[t] = _prefill(van, synthetic=False, seed=cfg.seed)
+        for m, van in vans.items():
+            if van.seq.prefilled:  # a fresh prefill for each thread count
+                timed = van.prefill_seconds
+                van = vans[m] = _declattn_arm(engines[m], van.name,
+                                              per_model[m][0]["vanilla"], tokens, cfg)
+                van.prefill_seconds = timed
+            van.prefill_seconds[t] = _prefill(van, synthetic=False, seed=cfg.seed)
         log(f"  prefill at {t} thread(s): " + ", ".join(
-            f"{a.name} {len(prompt) / a.prefill_seconds[t]:.0f} tok/s" for a in [*arms, van]))
-    _prefill(da, synthetic=True, seed=cfg.seed)
-    bare = Arm("declattn weights only", engine=engine, position=len(prompt), weights_only=True)
-    arms += [van, da, bare]
+            f"{a.name} {len(prompt) / a.prefill_seconds[t]:.0f} tok/s"
+            for a in [*arms, *vans.values()]))
+    for da in das.values():
+        _prefill(da, synthetic=True, seed=cfg.seed)
+    for m, e in engines.items():
+        bare = Arm("declattn weights only" + _suffix(m, cfg), engine=e, position=len(prompt),
+                   weights_only=True)
+        arms += [vans[m], das[m], bare]
     # The prefill emitted tokens[0]; step i feeds tokens[i]. Warm-up: the tag and a few.
     pos = tag_len + WARMUP_STEPS
     for arm in arms:
         _decode_block(arm, worker, tokens[:pos], cfg.threads[0])
-    for arm in (van, da):
+    for arm in [*vans.values(), *das.values()]:
         arm.kv_bytes.clear()
     bandwidth: dict[int, BandwidthProbe] = {}
     for t in cfg.threads:
@@ -286,9 +309,11 @@ def run_context(
                 probe.sample()
         log(f"  decode at {t} thread(s): " + ", ".join(
             f"{a.name} {a.decode_ms(t):.1f} ms" for a in arms))
-    timed = da.session.steps[tag_len + WARMUP_STEPS :]
-    if len(timed) != len(da.kv_bytes) or any(s.mode != Mode.FOCUS for s in timed):
-        raise AssertionError("a timed DA step was not in focus")
+    for da in das.values():
+        timed = da.session.steps[tag_len + WARMUP_STEPS :]
+        if len(timed) != len(da.kv_bytes) or any(s.mode != Mode.FOCUS for s in timed):
+            raise AssertionError(f"a timed step of {da.name} was not in focus")
+    van, da = vans[cfg.model], das[cfg.model]
     result = _context_result(engine, cfg, context, prompt, arms, van, da, bandwidth)
     result["profile_ms"] = {a.name: profile_step(a, cfg.threads[0]) for a in (van, da)}
     return result
@@ -304,9 +329,10 @@ def _context_result(engine, cfg, context, prompt, arms, van, da, bandwidth) -> d
         if arm.fa is not None:
             weights, kv = llama_weights, kv_per_token * (len(prompt) + cfg.decode_tokens)
         elif arm.weights_only:
-            weights, kv = model.weight_bytes_per_step(), 0
+            weights, kv = arm.engine.loaded.model.weight_bytes_per_step(), 0
         else:
-            weights, kv = model.weight_bytes_per_step(), statistics.median(arm.kv_bytes)
+            weights = arm.engine.loaded.model.weight_bytes_per_step()
+            kv = statistics.median(arm.kv_bytes)
         for t in cfg.threads:
             ms = arm.decode_ms(t)
             bw = bandwidth[t].result()
@@ -330,10 +356,19 @@ def _context_result(engine, cfg, context, prompt, arms, van, da, bandwidth) -> d
 
 def run_peers(cfg: PeersConfig, log=print) -> dict[str, Any]:
     """The whole bench; see the module doc."""
+    if cfg.model in cfg.compare or len(set(cfg.compare)) < len(cfg.compare):
+        raise ValueError(f"--compare {','.join(cfg.compare)}: name each model once, "
+                         "--model not among them")
     load_before = load_average()
     engine = Engine.from_pretrained(cfg.model, dtype=cfg.dtype, device="cpu")
     quant = engine.loaded.quant.to_dict() if engine.loaded.quant else None
     log(f"declattn: {cfg.model}, weights {quant['layers'] if quant else cfg.dtype}")
+    engines = {cfg.model: engine}
+    for name in cfg.compare:
+        other = engines[name] = Engine.from_pretrained(name, dtype=cfg.dtype, device="cpu")
+        if other.tokenizer.get_vocab() != engine.tokenizer.get_vocab():
+            raise ValueError(f"--compare {name}: its tokenizer is not {cfg.model}'s, and the "
+                             "arms must decode the same token ids")
     worker, llama = None, None
     if cfg.llama_python:
         worker = LlamaWorker(cfg.llama_python)
@@ -342,7 +377,7 @@ def run_peers(cfg: PeersConfig, log=print) -> dict[str, Any]:
                             flash_attn=list(cfg.flash_attn), threads=cfg.threads[0])
         log(f"llama-cpp-python {llama['version']}")
     try:
-        contexts = [run_context(engine, worker, n, cfg, log) for n in cfg.contexts]
+        contexts = [run_context(engines, worker, n, cfg, log) for n in cfg.contexts]
     finally:
         if worker is not None:
             worker.close()

@@ -15,6 +15,9 @@ from declattn.bench.peers import PeersConfig, run_peers
 def add_arguments(p: Any, ints: Any) -> None:
     """The sub-command's options; ``ints`` parses a comma list of positive integers."""
     p.add_argument("--model", default="qwen2.5-0.5b", help="a shipped GGUF model or a path")
+    p.add_argument("--compare", default="",
+                   help="comma list of other models with --model's tokenizer whose declattn "
+                   "arms run in the same interleaved repeats (e.g. qwen2.5-0.5b-da)")
     p.add_argument("--contexts", type=ints, default=(4096, 16384, 32768))
     p.add_argument("--threads", type=ints, default=(1, 2))
     p.add_argument("--prefill-threads", type=ints, default=None,
@@ -35,7 +38,8 @@ def add_arguments(p: Any, ints: Any) -> None:
 def config(args: argparse.Namespace) -> PeersConfig:
     fa = tuple({"on": True, "off": False}[x.strip()] for x in args.flash_attn.split(","))
     return PeersConfig(
-        model=args.model, contexts=tuple(args.contexts), threads=tuple(args.threads),
+        model=args.model, compare=tuple(m.strip() for m in args.compare.split(",") if m.strip()),
+        contexts=tuple(args.contexts), threads=tuple(args.threads),
         prefill_threads=tuple(args.prefill_threads) if args.prefill_threads else None,
         repeats=args.repeats, decode_tokens=args.decode_tokens, focus_share=args.focus_share,
         dtype=args.dtype, flash_attn=fa,

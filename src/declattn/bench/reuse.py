@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from declattn.api import Engine
-from declattn.eval.corpus import planted_document, planted_fact
+from declattn.corpora.essays import planted_document, planted_fact
 from declattn.protocol.segment import token_counter
 
 

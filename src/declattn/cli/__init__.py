@@ -13,6 +13,7 @@ from declattn.cli import (
     demo_cmd,
     doctor_cmd,
     eval_cmd,
+    export_cmd,
     models_cmd,
     prompt_cmd,
     replay_cmd,
@@ -38,6 +39,7 @@ _COMMANDS = (
     eval_cmd,
     roofline_cmd,
     train_cmd,
+    export_cmd,
     doctor_cmd,
 )
 

@@ -244,7 +244,7 @@ class DemoDocument:
 
 
 def _essay_document(engine: Any, args: argparse.Namespace) -> DemoDocument:
-    from declattn.eval.corpus import planted_document, planted_fact
+    from declattn.corpora.essays import planted_document, planted_fact
     from declattn.protocol.segment import token_counter
 
     fact, question, expected = planted_fact(args.seed)
@@ -266,7 +266,7 @@ def _essay_document(engine: Any, args: argparse.Namespace) -> DemoDocument:
 
 def _other_fact(seed: int, fact: str) -> tuple[str, str, str]:
     """A second invented fact of another kind than the first (the next seed that differs)."""
-    from declattn.eval.corpus import planted_fact
+    from declattn.corpora.essays import planted_fact
 
     for other in range(seed + 1, seed + 100):
         found = planted_fact(other)

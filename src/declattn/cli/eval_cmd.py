@@ -44,7 +44,10 @@ def add_parser(sub: Any) -> None:
         "--arms",
         default="all",
         help="comma list of vanilla, vanilla-chunks, da-nm, da, da-constrained, da-find, "
-        "da-find-constrained, da-find-index, da-economy, streaming, quest; or all",
+        "da-find-constrained, da-find-index, da-economy, streaming, quest; or all; and "
+        "da-model (the model's own DA settings: a model trained to declare), "
+        "da-model-wrong (the same, every focused read forced to a chunk without the "
+        "evidence)",
     )
     p.add_argument(
         "--budget-arm", default="da",

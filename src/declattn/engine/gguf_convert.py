@@ -8,6 +8,7 @@ of the engine sees one format only: a Hugging Face checkpoint.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ GGUF_ARCHITECTURES: dict[str, tuple[str, str]] = {
 }
 """GGUF ``general.architecture`` -> (Hugging Face architecture, model_type)."""
 
+SETTINGS_KEY = "declattn.settings"
+"""Metadata a GGUF written by ``declattn export`` carries: the model's DA settings (its
+``declattn.json``, ``{"da": {...}}``) as a JSON string."""
 _GEMMA3_SLIDING_PATTERN = 6  # llama.cpp hard-codes this for gemma3; the GGUF omits it
 _GEMMA3_LOCAL_ROPE_BASE = 10_000.0
 _GEMMA3_27B_LAYERS = 62  # the one Gemma 3 whose query scale is hidden/heads, not head_dim
@@ -67,6 +71,7 @@ class GGUFModel:
     architecture: str
     config: dict[str, Any]
     has_tokenizer: bool
+    settings: dict[str, Any] | None = None  # SETTINGS_KEY, parsed
 
 
 def open_gguf(path: Path) -> GGUFModel:
@@ -99,7 +104,21 @@ def open_gguf(path: Path) -> GGUFModel:
         architecture=arch,
         config=_hf_config(fields, arch, names, reader),
         has_tokenizer="tokenizer.ggml.model" in fields,
+        settings=_settings(fields),
     )
+
+
+def _settings(fields: dict[str, Any]) -> dict[str, Any] | None:
+    raw = _field(fields, SETTINGS_KEY, None, required=False)
+    if raw is None:
+        return None
+    try:
+        settings = json.loads(raw)
+    except ValueError as e:
+        raise GGUFError(f"metadata field {SETTINGS_KEY!r} is not JSON ({e})") from e
+    if not isinstance(settings, dict):
+        raise GGUFError(f"metadata field {SETTINGS_KEY!r} is not a JSON object")
+    return settings
 
 
 def hf_tensors(model: GGUFModel) -> Iterator[tuple[str, np.ndarray]]:

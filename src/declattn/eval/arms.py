@@ -15,7 +15,10 @@
   put a DA reply against;
 - ``streaming``: StreamingLLM on the ordinary prompt, at DA's mean blocks per step (or
   another DA arm's: ``ArmSettings.budget_arm``);
-- ``quest``: Quest-style top-k blocks on the ordinary prompt, at the same budget.
+- ``quest``: Quest-style top-k blocks on the ordinary prompt, at the same budget;
+- ``da-model``: DA with the model's own settings (its ``declattn.json``: a model trained
+  to declare, as ``declattn run --model`` serves it); ``da-model-wrong``: the same with
+  every focused read moved to a chunk without the evidence (``controls.py``).
 
 The sparse arms take their budget from the ``da`` arm of the same sample, so ``da``
 runs first. ``ORDER`` also groups the arms by prompt: the DA arms and ``vanilla-chunks``
@@ -28,7 +31,8 @@ previous group's blocks are evicted as the pool needs room.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from declattn.api.session import Session
@@ -36,6 +40,7 @@ from declattn.da.options import DAOptions
 from declattn.engine.request import Request
 from declattn.engine.sampler import SamplingParams
 from declattn.eval.baselines import QuestSession, StreamingSession, sink_blocks
+from declattn.eval.controls import WrongFocusSession
 from declattn.protocol.prompt import render_plain
 
 if TYPE_CHECKING:
@@ -44,15 +49,18 @@ if TYPE_CHECKING:
 ARMS = (
     "vanilla", "vanilla-chunks", "da-nm", "da", "da-constrained", "da-find",
     "da-find-constrained", "da-find-index", "da-economy", "streaming", "quest",
+    "da-model", "da-model-wrong",
 )
 ORDER = (
-    "da", "da-nm", "da-constrained", "da-find", "da-find-constrained", "da-find-index",
-    "da-economy", "vanilla-chunks", "vanilla", "streaming", "quest",
+    "da-model", "da-model-wrong", "da", "da-nm", "da-constrained", "da-find",
+    "da-find-constrained", "da-find-index", "da-economy", "vanilla-chunks", "vanilla",
+    "streaming", "quest",
 )
 DA_ARMS = (
     "da-nm", "da", "da-constrained", "da-find", "da-find-constrained", "da-find-index",
-    "da-economy",
+    "da-economy", "da-model", "da-model-wrong",
 )
+MODEL_ARMS = ("da-model", "da-model-wrong")
 SPARSE_ARMS = ("streaming", "quest")
 INDEX_TOKENS = 256
 """The in-context index's budget in the ``da-find-index`` arm (one line per chunk)."""
@@ -61,7 +69,8 @@ INDEX_TOKENS = 256
 def parse_arms(spec: str, budget_arm: str = "da") -> list[str]:
     """Arm names from a comma list (or ``all``), in run order; sparse arms need the arm
     they take their budget from (``budget_arm``)."""
-    names = list(ARMS) if spec.strip() == "all" else [a.strip() for a in spec.split(",") if a]
+    every = [a for a in ARMS if a not in MODEL_ARMS]  # "all": the arms any model runs
+    names = every if spec.strip() == "all" else [a.strip() for a in spec.split(",") if a]
     unknown = [a for a in names if a not in ARMS]
     if unknown:
         raise ValueError(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(ARMS)}, all")
@@ -135,11 +144,25 @@ class ArmRunner:
         self.engine = engine
         self.settings = settings
 
-    def session(self, arm: str, context: str, question: str, budget: int | None) -> Session:
+    def options(self, arm: str) -> DAOptions:
+        """A DA arm's settings: the model's own for the model arms, else the run's."""
+        if arm in MODEL_ARMS:
+            return replace(self.engine.da_options(), min_context=0)
+        return self.settings.da_options(arm)
+
+    def session(
+        self, arm: str, context: str, question: str, budget: int | None,
+        evidence: Sequence[tuple[int, int]] = (),
+    ) -> Session:
         e, s = self.engine, self.settings
+        if arm == "da-model-wrong":
+            return WrongFocusSession(
+                e.tokenizer, context, question, self.options(arm), e.block_size,
+                max_tokens=s.max_tokens, evidence=evidence,
+            )
         if arm in DA_ARMS:
             return e.session(
-                context, question, da=True, options=s.da_options(arm), max_tokens=s.max_tokens
+                context, question, da=True, options=self.options(arm), max_tokens=s.max_tokens
             )
         if arm == "vanilla":
             return e.session(context, question, da=False)
@@ -156,8 +179,11 @@ class ArmRunner:
     def prompt_fits(self, n_prompt: int) -> bool:
         return n_prompt + self.settings.max_tokens <= self.engine.max_positions
 
-    def run(self, arm: str, context: str, question: str, budget: int | None = None) -> ArmRun:
-        return self.execute(arm, self.session(arm, context, question, budget), budget)
+    def run(
+        self, arm: str, context: str, question: str, budget: int | None = None,
+        evidence: Sequence[tuple[int, int]] = (),
+    ) -> ArmRun:
+        return self.execute(arm, self.session(arm, context, question, budget, evidence), budget)
 
     def execute(self, arm: str, sess: Session, budget: int | None = None) -> ArmRun:
         """Run ``sess`` to its end and time it (a conversation's turn builds its own)."""

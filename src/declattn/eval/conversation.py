@@ -33,7 +33,7 @@ from declattn.eval.sample import span_chunks
 from declattn.eval.tasks.agentic import AgenticSample, tools
 from declattn.protocol.messages import render_plain_messages
 
-CONVERSATION_ARMS = ("da", "da-nm", "da-constrained", "vanilla")
+CONVERSATION_ARMS = ("da", "da-nm", "da-constrained", "da-model", "vanilla")
 
 
 class Conversation:
@@ -54,7 +54,8 @@ class Conversation:
             ids = render_plain_messages(e.tokenizer, messages, tools=tools())
             return PlainSession(ids, e.block_size)
         return e.messages_session(
-            messages, tools=tools(), options=s.da_options(self.arm), max_tokens=s.max_tokens
+            messages, tools=tools(), options=self.runner.options(self.arm),
+            max_tokens=s.max_tokens
         )
 
     def ask(self, replies: Sequence[str]) -> ArmRun:

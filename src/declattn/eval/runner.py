@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from declattn.eval.arms import DA_ARMS, ArmRunner, ArmSettings, PromptTooLong, budget_from_da
+from declattn.eval.controls import NoControl
 from declattn.eval.conversation import turn_rows
 from declattn.eval.judge import Judge
 from declattn.eval.rows import build_row, error_row, row_key, sample_chunks
@@ -188,8 +189,9 @@ def _run_one(
             return error_row(spec.model, sample, index, arm, f"no budget: {why}", machine)
         budget, mean = budget_from_da(da, spec.settings.sink)
     try:
-        run = runner.run(arm, sample.context, sample.prompt_question(arm in DA_ARMS), budget)
-    except PromptTooLong as e:
+        run = runner.run(arm, sample.context, sample.prompt_question(arm in DA_ARMS), budget,
+                         sample.evidence)
+    except (PromptTooLong, NoControl) as e:
         return error_row(spec.model, sample, index, arm, str(e), machine)
     s = spec.settings
     if chunks is None:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from declattn.corpora.build import TaskData
 from declattn.eval.sample import Sample
 from declattn.eval.tasks import agentic, compare, niah, planted, qa, variables, words
-from declattn.eval.tasks.base import TaskData
 
 __all__ = ["TASKS", "Task", "TaskData", "generate", "resolve_tasks", "turns_of"]
 

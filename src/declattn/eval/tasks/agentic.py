@@ -29,9 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from declattn.eval.corpus import PlantedDoc, planted_document, planted_fact
+from declattn.corpora.build import TaskData
+from declattn.corpora.essays import PlantedDoc, planted_document, planted_fact
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import TaskData
 
 TASK = "agentic"
 FAMILY = "agentic"

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from declattn.corpora.build import TaskData, haystack
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import Draw, TaskData, context_target, haystack
+from declattn.eval.tasks.base import Draw, context_target
 
 FAMILY = "twohop"
 

@@ -12,15 +12,9 @@ import random
 import uuid
 from collections.abc import Callable
 
+from declattn.corpora.build import TaskData, depths, haystack, pick_words
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import (
-    Draw,
-    TaskData,
-    context_target,
-    depths,
-    haystack,
-    pick_words,
-)
+from declattn.eval.tasks.base import Draw, context_target
 
 FAMILY = "niah"
 DISTRACTORS = 3

@@ -12,17 +12,9 @@ import random
 from collections.abc import Iterator
 from typing import Any
 
+from declattn.corpora.build import Built, TaskData, assemble, depths, fit, take_filler
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import (
-    Built,
-    Draw,
-    TaskData,
-    assemble,
-    context_target,
-    depths,
-    fit,
-    take_filler,
-)
+from declattn.eval.tasks.base import Draw, context_target
 
 FAMILY = "qa"
 _SEP = "\n\n"

@@ -11,8 +11,9 @@ from __future__ import annotations
 import random
 import string
 
+from declattn.corpora.build import TaskData, depths, haystack
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import Draw, TaskData, context_target, depths, haystack
+from declattn.eval.tasks.base import Draw, context_target
 
 FAMILY = "vt"
 HOPS = 4

