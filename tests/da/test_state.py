@@ -117,8 +117,11 @@ def test_chunk_texts_must_match_the_layout() -> None:
 
 def test_the_end_is_banned_until_an_answer_is_open() -> None:
     state = DAState(LAYOUT, TEXTS, focus_form="find", end_ids=(7, 9))
-    assert state.banned_ids() == (7, 9)
+    assert state.banned_ids() == ()  # nothing declared yet: a plain reply may end
     for k, piece in enumerate(['<focus find="last train">', "eleven", "</focus>", "<ans"]):
         state.feed(k, piece)
         assert state.banned_ids() == ((7, 9) if k < 3 else ())  # '<ans' is opening it
+    plain = DAState(LAYOUT, TEXTS, focus_form="find", end_ids=(7, 9))
+    plain.feed(0, "The last train leaves at eleven.")
+    assert plain.banned_ids() == ()  # it never declared: a plain answer, free to end
     assert DAState(LAYOUT, TEXTS).banned_ids() == ()  # no end ids: nothing banned

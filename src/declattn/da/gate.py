@@ -33,14 +33,15 @@ class ReplyShape:
     plain: float
 
 
-ECONOMY_SHAPE = ReplyShape(scaffold=8.0, focus=6.0, full=0.0, plain=16.0)
+ECONOMY_SHAPE = ReplyShape(scaffold=8.0, focus=7.0, full=0.0, plain=12.0)
 """The economical protocol (a find focus, the answer inside it): its tag words and tags
-read the scaffold; the answer reads one chunk. Calibrated on qwen2.5-0.5b (docs/eval.md,
-"Per answer")."""
+read the scaffold; the answer reads one chunk. The medians of qwen2.5-0.5b's forwards
+by what they read, and of its plain replies' tokens, in the per-answer study
+(docs/benchmarks.md, "Per answer")."""
 
-CLASSIC_SHAPE = ReplyShape(scaffold=12.0, focus=14.0, full=50.0, plain=16.0)
+CLASSIC_SHAPE = ReplyShape(scaffold=8.0, focus=24.0, full=35.0, plain=12.0)
 """The chunk-id protocol with a global survey first (``DA_INSTRUCTION``): long replies
-whose global block reads everything (docs/eval.md, "Per answer")."""
+whose global block reads everything; medians from the same study."""
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ class DAOptions:
     steps that write protocol text (a tag, the space between blocks) read only what
     ``<local>`` reads (``declattn.da.state``). ``jump_forward``: text the protocol fixes
     (the rest of a tag once it is decided) is appended in one forward instead of one
-    decode step a token (``DAState.forced_text``). ``require_answer``: the response may
-    not end (a special token) before it has opened an ``<answer>``.
+    decode step a token (``DAState.forced_text``). ``require_answer``: a response that has
+    written a tag may not end (a special token) before it has opened an ``<answer>``.
     """
 
     target: int = 2048

@@ -163,9 +163,13 @@ class DAState:
 
     def banned_ids(self) -> tuple[int, ...]:
         """Token ids the next token may not be: the end of the response (``end_ids``)
-        while no answer has been opened, so a reply that found its fact in a focus goes
-        on to write the answer instead of stopping without one."""
-        return () if self.answer_open() else self.end_ids
+        once a tag is written and until an answer is opened, so a reply that found its
+        fact in a focus goes on to write the answer instead of stopping without one. A
+        reply that has declared nothing is a plain answer and may end: holding it open
+        only makes it ramble until the runaway guard stops it."""
+        if not self.reader.declarations or self.answer_open():
+            return ()
+        return self.end_ids
 
     def answer_open(self) -> bool:
         """Whether ``<answer>`` has been written (or is being written)."""
