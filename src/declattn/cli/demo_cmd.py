@@ -36,7 +36,6 @@ from declattn.cli.common import (
     use_threads_arg,
     user_errors,
 )
-from declattn.protocol.instruction import BRIEF_INSTRUCTION
 
 
 def add_parser(sub: Any) -> None:
@@ -61,6 +60,11 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
+SYNTHETIC_VOCAB = 4096
+"""Under this many tokens a vocabulary is synthetic (da-tiny's key -> value words): the
+demo gives such a model its own kind of document, as essays cannot be spelled in it."""
+
+
 def run(args: argparse.Namespace) -> int:
     from declattn.api import Engine
     from declattn.api.results import PerAnswer
@@ -73,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     with user_errors():
         with out.status(f"loading {args.model}"):
             engine = Engine.from_pretrained(args.model, dtype=args.dtype, **kv_cache_kwargs(args))
-        tiny = engine.da_defaults.instruction == BRIEF_INSTRUCTION  # trained to declare
+        tiny = len(engine.tokenizer) < SYNTHETIC_VOCAB  # da-tiny's vocabulary spells no prose
         doc = _tiny_document(args) if tiny else _essay_document(engine, args)
         out.print(f"{doc.description}\nquestion: {doc.questions[0].question}")
         folder = Path(args.out)
