@@ -10,6 +10,7 @@ import pytest
 from declattn.api import Engine
 from declattn.api.session import DASession, PlainSession
 from declattn.da.options import DAOptions
+from declattn.protocol.segment import token_counter
 
 CONTEXT = "\n\n".join(
     f"Entry {i}: the harbour master counted {10 + i} boats at the pier on day {i}." * 3
@@ -67,11 +68,15 @@ def test_a_context_under_min_context_runs_vanilla_and_says_so(engine: Engine) ->
 def test_by_default_the_gate_weighs_the_whole_reply(engine: Engine) -> None:
     """No ``min_context``: DA runs where its whole reply is expected to read fewer bytes
     than the plain reply. The chunk-id protocol's long reply, with a global survey, never
-    does; the economical reply (a find focus, the answer inside it) does."""
+    does; the economical reply (a find focus, the answer inside it) does once the
+    context outweighs the extra forwards, and the request follows that decision."""
     classic = DAOptions(target=256, cap=320, constrain=False)
     ans = engine.answer(CONTEXT, "How many boats?", options=classic, max_tokens=4)
     assert ans.arm == "vanilla" and "expected to read" in (ans.note or "")
     assert engine.reply_cost(2000, classic).ratio > 1
     economy = DAOptions.economy(target=256, cap=320, constrain=False)
-    assert engine.reply_cost(2000, economy).run_da
-    assert engine.answer(CONTEXT, "How many boats?", options=economy, max_tokens=4).arm == "da"
+    ratios = [engine.reply_cost(n, economy).ratio for n in (500, 2000, 8000, 32000)]
+    assert ratios == sorted(ratios, reverse=True) and ratios[-1] < 1
+    n = token_counter(engine.tokenizer)(CONTEXT)
+    ans = engine.answer(CONTEXT, "How many boats?", options=economy, max_tokens=4)
+    assert ans.arm == ("da" if engine.reply_cost(n, economy).run_da else "vanilla")

@@ -117,12 +117,15 @@ def test_greedy_text_equals_step_by_step_on_the_shipped_model() -> None:
 
 
 def test_an_economy_reply_cannot_end_before_its_answer(engine):
-    """The end of the response is banned until ``<answer>`` is open (``require_answer``):
-    a model that would stop right after its focus block writes on instead."""
+    """Once a tag is written, the end of the response is banned until ``<answer>`` is
+    open (``require_answer``): a model that would stop right after its focus block
+    writes on instead. Before any tag the reply is a plain answer and may end."""
     from declattn.api.constrained import constrain
 
     sess = engine.session(CONTEXT, QUESTION, options=ECONOMY)
     end = engine.tokenizer.eos_token_id
+    assert end not in sess.state.banned_ids()
+    sess.state.feed(0, '<focus find="15 boats">15 boats</focus>')
     assert end in sess.state.banned_ids()
     logits = torch.zeros(len(engine.tokenizer))
     logits[end] = 10.0  # the model wants to stop

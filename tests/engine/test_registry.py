@@ -42,7 +42,9 @@ SHA = hashlib.sha256(WHOLE).hexdigest()
 
 def test_every_shipped_model_is_installed_and_resolves() -> None:
     # The Makefile installs them all, so on any machine built from it none may be missing.
-    assert set(MODELS) == {"smollm2-135m", "gemma3-270m", "qwen2.5-0.5b", "da-tiny"}
+    assert set(MODELS) == {
+        "smollm2-135m", "gemma3-270m", "qwen2.5-0.5b", "da-tiny", "qwen2.5-0.5b-da"
+    }
     for name, model in MODELS.items():
         assert model.installed(), f"{name}: {model.install_command()}"
         path = resolve_model(name)

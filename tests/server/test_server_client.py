@@ -38,7 +38,7 @@ def test_client_is_exported_lazily() -> None:
 def test_answer_matches_the_raw_request(server: Any, client: Any) -> None:
     assert client.models() == [MODEL]
     assert client.health()["status"] == "ok"
-    got = client.answer(da_context(2), QUESTION, chunk_tokens=16, max_tokens=8)
+    got = client.answer(da_context(2), QUESTION, chunk_tokens=16, max_tokens=8, min_context=0)
     assert isinstance(got, ClientAnswer)
     assert got.usage["declarative_attention"]["chunks"] >= 2
     assert got.usage["attended_tokens"] <= got.usage["vanilla_attended_tokens"]
@@ -50,7 +50,8 @@ def test_answer_matches_the_raw_request(server: Any, client: Any) -> None:
         "messages": [{"role": "user", "content": QUESTION}],
         "temperature": 0.0,
         "max_tokens": 8,
-        "declarative_attention": {"context": da_context(2), "chunk_tokens": 16},
+        "declarative_attention": {"context": da_context(2), "chunk_tokens": 16,
+                                  "min_context": 0},
     }).json()
     assert got.text == raw["choices"][0]["message"]["content"]  # greedy by default
     assert got.usage["completion_tokens"] == raw["usage"]["completion_tokens"]

@@ -34,7 +34,9 @@ def _transcript(doc: str) -> list[dict[str, Any]]:
 def _post(server: Any, messages: list[dict[str, Any]], **da: Any) -> dict[str, Any]:
     body = {
         "model": MODEL, "temperature": 0, "max_tokens": 10, "messages": messages,
-        "declarative_attention": {"chunks": "messages", "chunk_tokens": 256, **da},
+        "declarative_attention": {
+            "chunks": "messages", "chunk_tokens": 256, "min_context": 0, **da
+        },
     }
     r = httpx.post(server.v1 + "/chat/completions", json=body, timeout=300)
     assert r.status_code == 200, r.text

@@ -12,7 +12,7 @@ from declattn.server.metrics import parse
 
 openai = pytest.importorskip("openai")
 
-DA = {"context": da_context(1), "chunk_tokens": 16}
+DA = {"context": da_context(1), "chunk_tokens": 16, "min_context": 0}  # DA, not the gate
 QUESTION = "Who was the keeper?"
 
 

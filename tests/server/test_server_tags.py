@@ -62,7 +62,8 @@ def client(server: Any) -> Any:
 
 
 def _request(client: Any, return_tags: str, stream: bool) -> Any:
-    da = {"context": da_context(1), "chunk_tokens": 16, "return_tags": return_tags}
+    da = {"context": da_context(1), "chunk_tokens": 16, "return_tags": return_tags,
+          "min_context": 0}
     return client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "Who was the keeper?"}],

@@ -129,7 +129,7 @@ def test_mask_rows_follow_the_economy_protocol_row_by_row(random_smol_model) -> 
     from declattn.protocol.modes import Mode
 
     engine = Engine(random_smol_model, kv_tokens=8192)
-    options = DAOptions.economy(target=96, cap=128, jump_forward=False)
+    options = DAOptions.economy(target=96, cap=128, jump_forward=False, min_context=0)
     sess = engine.session(CONTEXT, QUESTION, options=options)
     tok = engine.tokenizer
     forced = tok.encode('<focus find="day 5 notes calm water, 15 boats"><answer>15</answer>',

@@ -44,9 +44,12 @@ def test_the_tracker_keeps_what_our_engines_streaming_session_reads(block_size) 
     assert tracker.process_logits(row) is row
 
 
-def test_eval_backend_runs_every_arm_but_quest_and_says_why_not_quest() -> None:
-    assert set(VLLM_ARMS) == set(ARMS) - {"quest"}
-    check_arms([a for a in ARMS if a != "quest"])
+def test_eval_backend_runs_every_arm_it_can_and_says_why_not_the_others() -> None:
+    refused = {"quest", "da-model", "da-model-wrong"}
+    assert set(VLLM_ARMS) == set(ARMS) - refused
+    check_arms([a for a in ARMS if a not in refused])
+    with pytest.raises(UnsupportedArm, match="da-model-wrong: the forced-wrong-chunk"):
+        check_arms(["da-model-wrong"])
     with pytest.raises(UnsupportedArm, match="quest: Quest picks each step's blocks"):
         check_arms(["da", "quest"])
     with pytest.raises(UnsupportedArm, match="unknown arm"):

@@ -16,7 +16,8 @@ import httpx
 from declattn.da.accounting import saving
 
 DA_KEYS = frozenset(
-    {"chunk_tokens", "chunk_cap", "constrain", "line_start", "masking", "return_tags"}
+    {"chunk_tokens", "chunk_cap", "constrain", "line_start", "masking", "return_tags",
+     "min_context"}
 )
 """Options that go into the request's ``declarative_attention`` object."""
 REQUEST_KEYS = frozenset(
@@ -104,7 +105,8 @@ class Client:
         """Ask ``question`` over ``context`` (a string, or a list of documents) with DA.
 
         ``options``: DA options (``chunk_tokens``, ``chunk_cap``, ``constrain``,
-        ``line_start``, ``masking``, ``return_tags``) and request options (``max_tokens``,
+        ``line_start``, ``masking``, ``return_tags``, ``min_context``: 0 runs DA whatever the
+        gate expects) and request options (``max_tokens``,
         ``temperature`` (default 0, greedy), ``top_p``, ``seed``, ``stop``).
         """
         unknown = set(options) - DA_KEYS - REQUEST_KEYS

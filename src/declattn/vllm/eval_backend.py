@@ -45,6 +45,10 @@ ARMS = ("vanilla", "vanilla-chunks", "da-nm", "da", "da-constrained", "da-find",
 REFUSED = {
     "quest": "Quest picks each step's blocks from query-key scores inside attention, which "
              "a block table cannot express",
+    "da-model": "a model trained to declare runs in our engine (--backend engine), which "
+                "applies its declattn.json; export it (declattn export) to serve it elsewhere",
+    "da-model-wrong": "the forced-wrong-chunk control rewrites the focus in our engine's "
+                      "session; the plugin reads what the model declares",
 }
 SECOND = ("streaming",)
 """Arms whose budget comes from another arm's row: run in the batch after it."""
