@@ -104,10 +104,16 @@ browser:
 demo: $(STAMP)
 	$(BIN)/declattn demo
 
+# tests/vllm runs beside the main suite (one thread; the main suite leaves most of the
+# second core idle), its output printed after; the target fails if either fails.
 test: $(STAMP) $(VSTAMP)
 	$(BIN)/ruff check src tests
-	$(BIN)/pytest -q
-	OMP_NUM_THREADS=1 $(VBIN)/pytest -q -p no:cacheprovider tests/vllm
+	mkdir -p build
+	OMP_NUM_THREADS=1 $(VBIN)/pytest -q -p no:cacheprovider tests/vllm \
+		> build/vllm-tests.log 2>&1 & vllm=$$!; \
+	$(BIN)/pytest -q; main=$$?; \
+	wait $$vllm; v=$$?; echo "== tests/vllm in $(VVENV)"; cat build/vllm-tests.log; \
+	test $$main -eq 0 && test $$v -eq 0
 
 # The inner loop: lint and every test that loads no real model weights (see
 # tests/conftest.py REAL_MODEL_*) and is not marked slow; `make test` stays the whole suite.
