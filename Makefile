@@ -104,16 +104,13 @@ browser:
 demo: $(STAMP)
 	$(BIN)/declattn demo
 
-# tests/vllm runs beside the main suite (one thread; the main suite leaves most of the
-# second core idle), its output printed after; the target fails if either fails.
+# The main suite in two pytest-xdist workers, a test file to a worker (module fixtures such
+# as a running server stay in one process); TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: $(STAMP) $(VSTAMP)
 	$(BIN)/ruff check src tests
-	mkdir -p build
-	OMP_NUM_THREADS=1 $(VBIN)/pytest -q -p no:cacheprovider tests/vllm \
-		> build/vllm-tests.log 2>&1 & vllm=$$!; \
-	$(BIN)/pytest -q; main=$$?; \
-	wait $$vllm; v=$$?; echo "== tests/vllm in $(VVENV)"; cat build/vllm-tests.log; \
-	test $$main -eq 0 && test $$v -eq 0
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	OMP_NUM_THREADS=1 $(VBIN)/pytest -q -p no:cacheprovider tests/vllm
 
 # The inner loop: lint and every test that loads no real model weights (see
 # tests/conftest.py REAL_MODEL_*) and is not marked slow; `make test` stays the whole suite.
