@@ -374,7 +374,7 @@ class Engine:
             return None
         return (
             f"ran vanilla: at {n} context tokens a DA reply is expected to read "
-            f"{cost.ratio:.2f}x the plain reply's bytes (docs/eval.md, 'Break-even')"
+            f"{cost.ratio:.2f}x the plain reply's bytes (docs/eval.md, 'The per-answer study')"
         )
 
     def reply_cost(self, context_tokens: int, options: DAOptions) -> ReplyCost:

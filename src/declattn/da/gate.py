@@ -37,7 +37,7 @@ ECONOMY_SHAPE = ReplyShape(scaffold=8.0, focus=7.0, full=0.0, plain=12.0)
 """The economical protocol (a find focus, the answer inside it): its tag words and tags
 read the scaffold; the answer reads one chunk. The medians of qwen2.5-0.5b's forwards
 by what they read, and of its plain replies' tokens, in the per-answer study
-(docs/benchmarks.md, "Per answer")."""
+(docs/eval.md, "The per-answer study")."""
 
 CLASSIC_SHAPE = ReplyShape(scaffold=8.0, focus=24.0, full=35.0, plain=12.0)
 """The chunk-id protocol with a global survey first (``DA_INSTRUCTION``): long replies

@@ -97,7 +97,7 @@ trained to declare knows its chunk size and instruction."""
 def model_da_defaults(directory: Path | None) -> DAOptions:
     """``DAOptions`` with the fields the model directory's settings file sets; for a model
     without one (an off-the-shelf model), the economical protocol, whose whole reply
-    reads less than the plain reply (docs/eval.md, "Per answer"), with the constraint
+    reads less than the plain reply (docs/eval.md, "The per-answer study"), with the constraint
     left to the engine (on for small models)."""
     path = directory / MODEL_SETTINGS_FILE if directory is not None else None
     if path is None or not path.is_file():
