@@ -328,11 +328,9 @@ def _context_result(engine, cfg, context, prompt, arms, van, da, bandwidth) -> d
     for arm in arms:
         if arm.fa is not None:
             weights, kv = llama_weights, kv_per_token * (len(prompt) + cfg.decode_tokens)
-        elif arm.weights_only:
-            weights, kv = arm.engine.loaded.model.weight_bytes_per_step(), 0
         else:
             weights = arm.engine.loaded.model.weight_bytes_per_step()
-            kv = statistics.median(arm.kv_bytes)
+            kv = 0 if arm.weights_only else statistics.median(arm.kv_bytes)
         for t in cfg.threads:
             ms = arm.decode_ms(t)
             bw = bandwidth[t].result()

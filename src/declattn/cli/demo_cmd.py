@@ -60,11 +60,6 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-SYNTHETIC_VOCAB = 4096
-"""Under this many tokens a vocabulary is synthetic (da-tiny's key -> value words): the
-demo gives such a model its own kind of document, as essays cannot be spelled in it."""
-
-
 def run(args: argparse.Namespace) -> int:
     from declattn.api import Engine
     from declattn.api.results import PerAnswer
@@ -77,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     with user_errors():
         with out.status(f"loading {args.model}"):
             engine = Engine.from_pretrained(args.model, dtype=args.dtype, **kv_cache_kwargs(args))
-        tiny = len(engine.tokenizer) < SYNTHETIC_VOCAB  # da-tiny's vocabulary spells no prose
+        # da-tiny's family speaks only its synthetic key -> value words, not essay prose
+        tiny = engine.loaded.config.family == "declattn_tiny"
         doc = _tiny_document(args) if tiny else _essay_document(engine, args)
         out.print(f"{doc.description}\nquestion: {doc.questions[0].question}")
         folder = Path(args.out)
