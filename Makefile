@@ -104,12 +104,9 @@ browser:
 demo: $(STAMP)
 	$(BIN)/declattn demo
 
-# The main suite in two pytest-xdist workers, a test file to a worker (module fixtures such
-# as a running server stay in one process); TEST_WORKERS=0 runs it in this process.
-TEST_WORKERS ?= 2
 test: $(STAMP) $(VSTAMP)
 	$(BIN)/ruff check src tests
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -q
 	OMP_NUM_THREADS=1 $(VBIN)/pytest -q -p no:cacheprovider tests/vllm
 
 # The inner loop: lint and every test that loads no real model weights (see
