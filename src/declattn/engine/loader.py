@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from declattn.da.options import MODEL_SETTINGS_FILE
+from declattn.engine.filehash import file_digest
 from declattn.engine.gguf_convert import GGUFError, GGUFUnsupported, hf_tensors, open_gguf
 from declattn.engine.models.config import ConfigError, ModelConfig, UnsupportedArchitecture
 from declattn.engine.models.decoder import Decoder
@@ -38,6 +39,8 @@ from declattn.engine.quant.store import QuantSummary, install, load_packed
 from declattn.engine.route import choose_route
 
 CONVERTER_VERSION = "1"
+STAMPS_DIR = ".stamps"
+"""Under a conversions root: the GGUFs' digests (``filehash.file_digest``)."""
 """Part of every cache key: bump it when the conversion's output changes."""
 
 _GGUF_MAGIC = b"GGUF"
@@ -194,10 +197,11 @@ def find_packaged_gguf(dist_name: str, filename_glob: str) -> Path:
     raise ModelNotFoundError(f"distribution {dist_name!r} has no file matching {filename_glob!r}")
 
 
-def cache_key(path: Path) -> str:
-    """Identity of one version of a file: its path, size and modification time."""
-    stat = path.stat()
-    ident = f"{path.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}\0{CONVERTER_VERSION}"
+def cache_key(path: Path, root: Path | None = None) -> str:
+    """A GGUF's conversion, by content (the file's sha256, stamped under ``root/.stamps``)
+    and converter version: a copy or an export of the same bytes finds it."""
+    stamps = (root if root is not None else converted_cache_root()) / STAMPS_DIR
+    ident = f"{file_digest(path, stamps)}\0{CONVERTER_VERSION}"
     return hashlib.sha256(ident.encode()).hexdigest()[:32]
 
 
@@ -208,7 +212,7 @@ def _is_gguf(path: Path) -> bool:
 
 def _converted_dir(gguf_path: Path, cache_root: Path) -> tuple[Path, bool]:
     """The cache entry for ``gguf_path``, converting first when absent."""
-    final = cache_root / cache_key(gguf_path)
+    final = cache_root / cache_key(gguf_path, cache_root)
     if (final / "config.json").is_file():
         return final, True
     cache_root.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,21 @@
-"""Loading only a tokenizer (with its chat template), for commands that need no weights."""
+"""Loading only a tokenizer (with its chat template), for commands that need no weights.
+
+A GGUF's tokenizer is read from the loader's conversion of the file when there is one
+(a directory read); building it from GGUF metadata takes tens of seconds.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from declattn.engine.loader import CorruptModelError, ModelNotFoundError, directory_tokenizer
+from declattn.engine.loader import (
+    CorruptModelError,
+    ModelNotFoundError,
+    cache_key,
+    converted_cache_root,
+    directory_tokenizer,
+)
 from declattn.engine.registry import resolve_model
 
 
@@ -16,6 +26,9 @@ def load_tokenizer(path_or_name: str | Path) -> Any:
 
     try:
         if path.is_file():
+            converted = converted_cache_root() / cache_key(path)
+            if (converted / "config.json").is_file() and any(converted.glob("tokenizer*")):
+                return directory_tokenizer(converted)
             return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         if not any(path.glob("tokenizer*")):
             raise ModelNotFoundError(f"{path}: no tokenizer files (tokenizer.json, ...) here")

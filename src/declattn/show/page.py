@@ -22,7 +22,8 @@ from pathlib import Path
 
 from declattn.da.accounting import saving
 from declattn.protocol.modes import Mode
-from declattn.show.view import MODE_COLORS, ShowDeclaration, ShowFocus, ShowRecord
+from declattn.protocol.tags import Declaration
+from declattn.show.view import MODE_COLORS, ShowFocus, ShowRecord
 
 _PREVIEW_CHARS = 70
 LIT_COLOR = "#00c2ff"
@@ -39,7 +40,7 @@ class TextSpan:
     end: int
     mode: Mode
     focus_ids: tuple[int, ...] = ()
-    tag: ShowDeclaration | None = None
+    tag: Declaration | None = None
     focus: int | None = None
     """Index in ``ShowRecord.focus`` of the focus tag this span is, or was read under."""
 

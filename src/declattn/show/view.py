@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from declattn.api.results import PerAnswer
-from declattn.da.accounting import saving
+from declattn.da.accounting import StepRecord, saving
 from declattn.protocol.layout import Layout, Span
 from declattn.protocol.modes import Mode
+from declattn.protocol.tags import Declaration
 
 __all__ = [
     "MODE_COLORS",
     "ShowChunk",
-    "ShowDeclaration",
     "ShowFocus",
     "ShowRecord",
     "ShowStep",
@@ -39,24 +39,17 @@ MODE_COLORS: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class ShowStep:
-    """One decode step: step ``index`` produced output token ``index``.
+@dataclass
+class ShowStep(StepRecord):
+    """One decode step as recorded (``StepRecord``: step ``index`` produced output token
+    ``index``), with what the run record adds to it.
 
     ``blocks_read`` holds ``[first, last + 1)`` block ranges the attention actually
     gathered, or None where the record has no reads for the step (older engines).
     """
 
-    index: int
-    mode: Mode
-    focus_ids: tuple[int, ...]
-    length: int
-    logical: int
-    physical: int
-    vanilla_logical: int
-    vanilla_physical: int
-    blocks_read: tuple[tuple[int, int], ...] | None
-    seconds: float | None
+    blocks_read: tuple[tuple[int, int], ...] | None = None
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -67,19 +60,6 @@ class ShowChunk:
     span: Span
     tokens: int
     text: str
-
-
-@dataclass(frozen=True)
-class ShowDeclaration:
-    """A tag in the output text, ``[start, end)`` in characters; ``mode`` is the mode after."""
-
-    kind: str
-    start: int
-    end: int
-    tag: str
-    focus_ids: tuple[int, ...]
-    mode: Mode
-    declined: str | None
 
 
 @dataclass(frozen=True)
@@ -124,7 +104,7 @@ class ShowRecord:
     answer: str | None
     finish_reason: str | None
     token_texts: tuple[str, ...]
-    declarations: tuple[ShowDeclaration, ...]
+    declarations: tuple[Declaration, ...]
     steps: tuple[ShowStep, ...]
     totals: dict[str, Any]
     by_mode: dict[str, dict[str, Any]]
@@ -162,7 +142,7 @@ class ShowRecord:
         return saving(self.totals.get("physical", 0), self.totals.get("vanilla_physical", 0))
 
     @property
-    def declines(self) -> tuple[ShowDeclaration, ...]:
+    def declines(self) -> tuple[Declaration, ...]:
         return tuple(d for d in self.declarations if d.declined)
 
     def per_answer_line(self) -> str | None:
@@ -249,14 +229,14 @@ def _step(s: dict[str, Any]) -> ShowStep:
     )
 
 
-def _declaration(d: dict[str, Any], text_len: int) -> ShowDeclaration:
+def _declaration(d: dict[str, Any], text_len: int) -> Declaration:
     start, end = int(d["start"]), int(d["end"])
     if not 0 <= start <= end <= text_len:
         raise ValueError(
             f"declaration {d.get('tag')!r} at characters {start}-{end} lies outside "
             f"the output text ({text_len} characters)"
         )
-    return ShowDeclaration(
+    return Declaration(
         kind=str(d["kind"]),
         start=start,
         end=end,
@@ -268,7 +248,7 @@ def _declaration(d: dict[str, Any], text_len: int) -> ShowDeclaration:
 
 
 def _focus(
-    raw: Any, declarations: list[ShowDeclaration], evidence: tuple[int, ...] | None
+    raw: Any, declarations: list[Declaration], evidence: tuple[int, ...] | None
 ) -> tuple[ShowFocus, ...]:
     """The record's ``focus`` list, each entry tied to its declaration by ``start``.
 

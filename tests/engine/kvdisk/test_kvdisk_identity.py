@@ -5,7 +5,6 @@ purpose (the thread count: prefill K/V does not depend on it)."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
@@ -15,43 +14,14 @@ from tiny_world import Tok, prompt, tiny_model
 
 from declattn.engine.controller import Controller
 from declattn.engine.engine import PagedEngine
-from declattn.engine.kvdisk import identity
 from declattn.engine.kvdisk.identity import (
     Namespace,
-    file_digest,
     model_identity,
     weights_fingerprint,
 )
 from declattn.engine.kvdisk.options import parse_size
 from declattn.engine.models import Decoder, ModelConfig
 from declattn.engine.sampler import SamplingParams
-
-
-def test_a_model_file_is_hashed_once_per_version(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    f = tmp_path / "m.gguf"
-    f.write_bytes(b"GGUF" + b"a" * 1000)
-    stamps = tmp_path / "stamps"
-    first = file_digest(f, stamps)
-    assert len(list(stamps.iterdir())) == 1
-    monkeypatch.setattr(identity, "_sha256_files", lambda *a: pytest.fail("hashed again"))
-    assert file_digest(f, stamps) == first  # a stat, not a read
-    monkeypatch.undo()
-    f.write_bytes(b"GGUF" + b"b" * 1000)  # same size, new bytes and time
-    os.utime(f, ns=(f.stat().st_mtime_ns + 10**9,) * 2)
-    assert file_digest(f, stamps) != first
-
-
-def test_a_directory_model_covers_its_config_and_weights(tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text("{}")
-    (tmp_path / "model.safetensors").write_bytes(b"x" * 100)
-    (tmp_path / "README.md").write_text("not the model")
-    before = file_digest(tmp_path, tmp_path / "s1")
-    (tmp_path / "README.md").write_text("still not the model")
-    assert file_digest(tmp_path, tmp_path / "s2") == before
-    (tmp_path / "config.json").write_text('{"rope_theta": 1}')
-    assert file_digest(tmp_path, tmp_path / "s3") != before
 
 
 def test_the_weights_fingerprint_sees_other_weights_dtypes_and_modules() -> None:
