@@ -28,6 +28,7 @@ from transformers import (
 
 import declattn.engine.loader as loader
 from declattn.engine.dense import DenseAttention
+from declattn.engine.hf_tokenizer import directory_tokenizer
 from declattn.engine.loader import (
     STAMPS_DIR,
     CorruptModelError,
@@ -123,7 +124,7 @@ def test_declattn_tiny_tokenizer_loads_without_a_model_type_warning(tmp_path, ca
     save_tokenizer(build_tokenizer(words_of(["the e1 leads to e2 ."])), tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "declattn_tiny"}))
     capfd.readouterr()
-    tok = loader.directory_tokenizer(tmp_path)
+    tok = directory_tokenizer(tmp_path)
     assert tok.decode(tok.encode(" e1 e2", add_special_tokens=False)) == " e1 e2"
     # transformers logs to stderr or, once some of its models are imported, to logging
     assert "declattn_tiny" not in capfd.readouterr().err + caplog.text

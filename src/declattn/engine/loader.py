@@ -28,6 +28,7 @@ import torch
 from declattn.da.options import MODEL_SETTINGS_FILE
 from declattn.engine.filehash import file_digest
 from declattn.engine.gguf_convert import GGUFError, GGUFUnsupported, hf_tensors, open_gguf
+from declattn.engine.hf_tokenizer import directory_tokenizer, keep_special_flags
 from declattn.engine.models.config import ConfigError, ModelConfig, UnsupportedArchitecture
 from declattn.engine.models.decoder import Decoder
 from declattn.engine.models.hf_names import internal_name
@@ -38,7 +39,7 @@ from declattn.engine.quant.linear import QuantLinear
 from declattn.engine.quant.store import QuantSummary, install, load_packed
 from declattn.engine.route import choose_route
 
-CONVERTER_VERSION = "1"
+CONVERTER_VERSION = "2"
 STAMPS_DIR = ".stamps"
 """Under a conversions root: the GGUFs' digests (``filehash.file_digest``)."""
 """Part of every cache key: bump it when the conversion's output changes."""
@@ -259,6 +260,7 @@ def _convert_gguf(gguf_path: Path, out: Path) -> None:
         except Exception as e:  # transformers raises many kinds here
             raise UnsupportedModelError(f"{gguf_path}: cannot build its tokenizer ({e})") from e
         tokenizer.save_pretrained(str(out))
+        keep_special_flags(tokenizer, out / "tokenizer_config.json")
     if gg.settings is not None:  # a model trained to declare knows its protocol
         (out / MODEL_SETTINGS_FILE).write_text(json.dumps(gg.settings, indent=2) + "\n")
     source = {"gguf": str(gguf_path), "converter_version": CONVERTER_VERSION}
@@ -384,20 +386,3 @@ def _load_tokenizer(directory: Path, where: Path) -> Any:
         return directory_tokenizer(directory)
     except Exception as e:  # transformers raises many kinds here
         raise CorruptModelError(f"{where}: cannot load tokenizer ({e})") from e
-
-
-def directory_tokenizer(directory: Path) -> Any:
-    """A Hugging Face directory's tokenizer.
-
-    ``AutoTokenizer`` reads ``config.json`` to choose a class and warns about a model
-    type it does not know (our ``declattn_tiny``), even when ``tokenizer_config.json``
-    already names the class; a directory whose tokenizer is a plain
-    ``PreTrainedTokenizerFast`` is loaded by that class directly."""
-    import transformers
-
-    named = directory / "tokenizer_config.json"
-    if named.is_file() and (directory / "tokenizer.json").is_file():
-        cls = json.loads(named.read_text()).get("tokenizer_class")
-        if cls == "PreTrainedTokenizerFast":
-            return transformers.PreTrainedTokenizerFast.from_pretrained(str(directory))
-    return transformers.AutoTokenizer.from_pretrained(str(directory))

@@ -9,12 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from declattn.engine.hf_tokenizer import directory_tokenizer
 from declattn.engine.loader import (
     CorruptModelError,
     ModelNotFoundError,
     cache_key,
     converted_cache_root,
-    directory_tokenizer,
 )
 from declattn.engine.registry import resolve_model
 

@@ -70,7 +70,7 @@ def served_model(model: str | Path) -> ServedModel:
     weights it loads on the CPU are dropped: vLLM loads its own copy)."""
     path = Path(model).expanduser()
     if path.is_dir():
-        from declattn.engine.loader import directory_tokenizer
+        from declattn.engine.hf_tokenizer import directory_tokenizer
 
         return ServedModel(path.resolve(), directory_tokenizer(path))
     import torch
