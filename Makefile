@@ -104,9 +104,14 @@ browser:
 demo: $(STAMP)
 	$(BIN)/declattn demo
 
+# Two test processes (pytest-xdist), one torch thread each: one process alone keeps the
+# two cores about half busy (it waits on servers, subprocesses and files). A file's tests
+# stay in one process (--dist loadfile), so module fixtures (servers, models) load once.
+TEST_WORKERS ?= 2
+
 test: $(STAMP) $(VSTAMP)
 	$(BIN)/ruff check src tests
-	$(BIN)/pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 	OMP_NUM_THREADS=1 $(VBIN)/pytest -q -p no:cacheprovider tests/vllm
 
 # The inner loop: lint and every test that loads no real model weights (see

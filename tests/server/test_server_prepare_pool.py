@@ -97,11 +97,13 @@ def test_a_small_request_is_not_held_behind_a_5mb_one(server: Any) -> None:
 def test_big_requests_leave_a_worker_for_small_ones(server_factory: Any) -> None:
     """Two workers, two big requests at once: a small request gets the free worker at once
     and is answered before either big one (that they take turns is held without clocks in
-    test_big_calls_take_turns_in_one_worker)."""
+    test_big_calls_take_turns_in_one_worker). The big ones are 5 MB each (seconds of
+    tokenising each): at 1.5 MB the small one once finished 0.07 s after them, with a
+    second test process on the two cores."""
     srv = server_factory(kv_blocks=64, prepare_workers=2)
     srv.state.limits = dataclasses.replace(srv.state.limits, token_bound=None)
     out: dict[str, Any] = {}
-    bigs = [threading.Thread(target=_timed, args=(srv.url, _chat(_text(1_500_000)), out, f"b{i}"))
+    bigs = [threading.Thread(target=_timed, args=(srv.url, _chat(_text(FIVE_MB)), out, f"b{i}"))
             for i in range(2)]
     for t in bigs:
         t.start()
