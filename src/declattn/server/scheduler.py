@@ -317,6 +317,7 @@ class Scheduler:
                 self._fail_seq(seq, APIError(500, f"engine failure: {type(e).__name__}: {e}"))
             return
         self._steps += 1
+        self._publish()  # a client that sees this step's token sees the blocks it holds
         for event in events:
             job = self._active.get(event.seq_id)
             if job is None:
