@@ -40,9 +40,9 @@ from declattn.engine.quant.store import QuantSummary, install, load_packed
 from declattn.engine.route import choose_route
 
 CONVERTER_VERSION = "2"
+"""Part of every cache key: bump it when the conversion's output changes."""
 STAMPS_DIR = ".stamps"
 """Under a conversions root: the GGUFs' digests (``filehash.file_digest``)."""
-"""Part of every cache key: bump it when the conversion's output changes."""
 
 _GGUF_MAGIC = b"GGUF"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
