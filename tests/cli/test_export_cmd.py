@@ -6,7 +6,6 @@ and answers from it."""
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import subprocess
 from pathlib import Path
@@ -16,7 +15,8 @@ import pytest
 from declattn.api import Engine
 from declattn.cli import main
 from declattn.da.options import model_da_defaults
-from declattn.engine.loader import cache_key, converted_cache_root
+from declattn.engine.filehash import sha256_files
+from declattn.engine.loader import conversion_dir
 from declattn.engine.registry import ADAPTERS, MODELS, resolve_model
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
@@ -83,10 +83,10 @@ def test_the_export_is_the_registry_model_and_answers_with_its_settings(
     merge, byte for byte), so our engine reads the registry model's weights from it; it
     loads with the model's DA settings (from its GGUF metadata) and answers from them."""
     shipped = resolve_model("qwen2.5-0.5b-da")
-    assert _sha256(exported) == _sha256(shipped)
+    assert sha256_files([exported]) == sha256_files([shipped])
     ours = Engine.from_pretrained(exported)
     # Conversions go by content: the export reads the registry model's, no second copy.
-    assert ours.loaded.weights_dir == converted_cache_root() / cache_key(shipped)
+    assert ours.loaded.weights_dir == conversion_dir(shipped)
     adapter = ADAPTERS["qwen2.5-0.5b-da"].directory
     assert ours.da_defaults == model_da_defaults(adapter)
     assert ours.da_defaults.focus == "find" and ours.da_defaults.target == 512
@@ -94,14 +94,6 @@ def test_the_export_is_the_registry_model_and_answers_with_its_settings(
     assert "11:40" in a and '<focus find="' in a, a
     meta = json.loads((ours.loaded.weights_dir / "declattn.json").read_text())
     assert meta["da"]["scaffold_local"] is True
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 @needs_model

@@ -20,7 +20,7 @@ def test_a_model_file_is_hashed_once_per_version(
     stamps = tmp_path / "stamps"
     first = file_digest(f, stamps)
     assert len(list(stamps.iterdir())) == 1
-    monkeypatch.setattr(filehash, "_sha256_files", lambda *a: pytest.fail("hashed again"))
+    monkeypatch.setattr(filehash, "sha256_files", lambda *a: pytest.fail("hashed again"))
     assert file_digest(f, stamps) == first  # a stat, not a read
     monkeypatch.undo()
     f.write_bytes(b"GGUF" + b"b" * 1000)  # same size, new bytes and time

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from declattn.engine.kvdisk.atomic import write_atomic
@@ -19,8 +20,9 @@ _READ = 4 * 1024 * 1024
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
 
-def _sha256_files(files: list[Path], directory: Path | None) -> str:
-    """sha256 of the files' bytes, each preceded by its name within ``directory``."""
+def sha256_files(files: Sequence[Path], directory: Path | None = None) -> str:
+    """sha256 of the files' bytes in order (each preceded by its name within
+    ``directory``, when one is given)."""
     h = hashlib.sha256()
     for f in files:
         if directory is not None:
@@ -58,7 +60,7 @@ def file_digest(path: Path, stamps: Path) -> str:
             return str(recorded["sha256"])
     except (OSError, ValueError, KeyError, AttributeError):
         pass
-    digest = _sha256_files(files, path if path.is_dir() else None)
+    digest = sha256_files(files, path if path.is_dir() else None)
     try:
         stamps.mkdir(parents=True, exist_ok=True)
         write_atomic(stamp, json.dumps({"files": ident, "sha256": digest}).encode())

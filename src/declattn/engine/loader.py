@@ -198,12 +198,18 @@ def find_packaged_gguf(dist_name: str, filename_glob: str) -> Path:
     raise ModelNotFoundError(f"distribution {dist_name!r} has no file matching {filename_glob!r}")
 
 
-def cache_key(path: Path, root: Path | None = None) -> str:
+def cache_key(path: Path, root: Path) -> str:
     """A GGUF's conversion, by content (the file's sha256, stamped under ``root/.stamps``)
     and converter version: a copy or an export of the same bytes finds it."""
-    stamps = (root if root is not None else converted_cache_root()) / STAMPS_DIR
-    ident = f"{file_digest(path, stamps)}\0{CONVERTER_VERSION}"
+    ident = f"{file_digest(path, root / STAMPS_DIR)}\0{CONVERTER_VERSION}"
     return hashlib.sha256(ident.encode()).hexdigest()[:32]
+
+
+def conversion_dir(gguf_path: Path, root: Path | None = None) -> Path:
+    """Where the conversion of ``gguf_path`` lives under ``root`` (default
+    ``converted_cache_root()``); it is complete once it holds ``config.json``."""
+    root = root if root is not None else converted_cache_root()
+    return root / cache_key(gguf_path, root)
 
 
 def _is_gguf(path: Path) -> bool:
@@ -213,7 +219,7 @@ def _is_gguf(path: Path) -> bool:
 
 def _converted_dir(gguf_path: Path, cache_root: Path) -> tuple[Path, bool]:
     """The cache entry for ``gguf_path``, converting first when absent."""
-    final = cache_root / cache_key(gguf_path, cache_root)
+    final = conversion_dir(gguf_path, cache_root)
     if (final / "config.json").is_file():
         return final, True
     cache_root.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from fnmatch import fnmatch
 from importlib import metadata
 from pathlib import Path
 
+from declattn.engine.filehash import sha256_files
 from declattn.engine.loader import CorruptModelError, ModelNotFoundError, find_packaged_gguf
 from declattn.engine.paths import cache_root
 
@@ -122,7 +123,7 @@ def assemble_chunks(parts: Sequence[Path], target: Path, *, size: int, sha256: s
             f"{target.name}: the {len(parts)} part files hold {total:,} bytes, expected "
             f"{size:,}; reinstall the model's packages ({', '.join(str(p) for p in parts)})"
         )
-    if target.is_file() and target.stat().st_size == size and _sha256_of([target]) == sha256:
+    if target.is_file() and target.stat().st_size == size and sha256_files([target]) == sha256:
         _write_stamp(stamp, parts, target, sha256)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -170,15 +171,6 @@ def _write_stamp(stamp: Path, parts: Sequence[Path], target: Path, sha256: str) 
         f.write(body + "\n")
     os.chmod(tmp_name, 0o644)
     os.replace(tmp_name, stamp)
-
-
-def _sha256_of(files: Sequence[Path]) -> str:
-    digest = hashlib.sha256()
-    for path in files:
-        with path.open("rb") as f:
-            while block := f.read(_READ_BLOCK):
-                digest.update(block)
-    return digest.hexdigest()
 
 
 def locate_chunked(model: ChunkedGGUF, cache_root: Path | None = None) -> Path:
@@ -266,7 +258,7 @@ def locate_merged(a: ShippedAdapter, cache_root: Path | None = None) -> Path:
     weights = a.directory / ADAPTER_WEIGHTS
     if not weights.is_file():
         raise ModelNotFoundError(f"{a.directory} holds no adapter: reinstall declattn")
-    got = _sha256_of([weights])
+    got = sha256_files([weights])
     if got != a.sha256:
         raise ChecksumMismatch(
             f"{weights}: sha256 {got}, expected {a.sha256}; reinstall declattn"

@@ -10,12 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from declattn.engine.hf_tokenizer import directory_tokenizer
-from declattn.engine.loader import (
-    CorruptModelError,
-    ModelNotFoundError,
-    cache_key,
-    converted_cache_root,
-)
+from declattn.engine.loader import CorruptModelError, ModelNotFoundError, conversion_dir
 from declattn.engine.registry import resolve_model
 
 
@@ -26,7 +21,7 @@ def load_tokenizer(path_or_name: str | Path) -> Any:
 
     try:
         if path.is_file():
-            converted = converted_cache_root() / cache_key(path)
+            converted = conversion_dir(path)
             if (converted / "config.json").is_file() and any(converted.glob("tokenizer*")):
                 return directory_tokenizer(converted)
             return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

@@ -274,14 +274,14 @@ def config_for_model(name_or_path: str) -> dict[str, Any]:
     import json
     from pathlib import Path
 
-    from declattn.engine.loader import cache_key, converted_cache_root
+    from declattn.engine.loader import conversion_dir
     from declattn.engine.registry import resolve_model
 
     path = resolve_model(name_or_path)
     if path.is_dir():
         candidate = path / "config.json"
     else:
-        candidate = converted_cache_root() / cache_key(path) / "config.json"
+        candidate = conversion_dir(path) / "config.json"
     if not Path(candidate).is_file():
         raise RooflineConfigError(
             f"no config.json for {name_or_path} at {candidate}; pass --config, or run the "
