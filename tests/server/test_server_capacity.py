@@ -188,3 +188,23 @@ def test_a_request_past_its_timeout_ends_with_what_it_wrote(server: Any) -> None
         assert bad.status_code == 400
         _wait_for(lambda: _metrics(c)["declattn_kv_blocks_in_use"] == 0, "blocks to free")
 
+
+
+def test_a_pool_larger_than_memory_is_refused_before_the_server_starts(
+    smol_engine: Any,
+) -> None:
+    from declattn.cli.common import UserError
+    from declattn.cli.serve_cmd import serve
+    from declattn.engine.memory import available_bytes
+    from declattn.server.app import ServerConfig
+
+    free = available_bytes()
+    if free is None:
+        pytest.skip("no /proc/meminfo here")
+    c = smol_engine.loaded.config
+    per_block = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4 * 16  # fp32 at most
+    blocks = 4 * free // per_block + 1
+    with pytest.raises(UserError, match=r"a KV pool of .* needs .* GiB, more than the .* GiB "
+                       r"of memory available: ask for fewer KV blocks"):
+        serve(smol_engine, ServerConfig(model_id=MODEL, kv_blocks=blocks), host="127.0.0.1",
+              port=1)

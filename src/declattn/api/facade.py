@@ -217,6 +217,12 @@ class Engine:
         return disk_options(self.loaded.model, source, self._model_name, self._kv_cache_dir,
                             self._kv_cache_size, kv_cache_root())
 
+    def allocate(self) -> PoolStats:
+        """Make the KV pool now rather than at the first request (its pages are still
+        filled only as requests use them), so a pool larger than the memory available is
+        refused (``MemoryShortage``) before a server takes any request."""
+        return self._engine.cache.stats()
+
     @property
     def block_size(self) -> int:
         return self._block_size

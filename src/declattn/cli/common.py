@@ -83,13 +83,14 @@ def require_question(question: str | None) -> str:
 def user_errors() -> Iterator[None]:
     """Library errors a user can cause become ``UserError``s with the library's message."""
     from declattn.engine.loader import LoadError
+    from declattn.engine.memory import MemoryShortage
     from declattn.engine.models import ConfigError
     from declattn.protocol.segment import SegmentError
     from declattn.protocol.template import NoChatTemplateError
 
     try:
         yield
-    except (LoadError, ConfigError, SegmentError, NoChatTemplateError) as e:
+    except (LoadError, ConfigError, MemoryShortage, SegmentError, NoChatTemplateError) as e:
         raise UserError(str(e)) from e
 
 

@@ -192,6 +192,7 @@ def serve(engine: Any, config: Any, *, host: str, port: int, log_level: str = "i
     from declattn.server.app import create_app
     from declattn.server.connection import uvicorn_config
 
-    app = create_app(engine, config)
+    with user_errors():
+        app = create_app(engine, config)
     uvicorn.Server(uvicorn_config(app, host=host, port=port, log_level=log_level,
                                   header_timeout_s=config.header_timeout_s)).run()

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from declattn.engine.blocks import BlockAllocator, PoolExhausted
+from declattn.engine.memory import check_fits
 from declattn.engine.native import store_op
 
 __all__ = [
@@ -59,6 +60,11 @@ class KVConfig:
         """K + V bytes of one block in one layer."""
         return self.block_size * self.bytes_per_token
 
+    @property
+    def pool_bytes(self) -> int:
+        """K + V bytes of the whole pool, every layer."""
+        return self.n_layers * self.num_blocks * self.bytes_per_block
+
 
 @dataclass(frozen=True)
 class PoolStats:
@@ -97,6 +103,13 @@ class KVCache:
 
     def __init__(self, config: KVConfig, *, prefix_caching: bool = True) -> None:
         self.config = config
+        if torch.device(config.device).type == "cpu":
+            check_fits(
+                f"a KV pool of {config.num_blocks:,} blocks of {config.block_size} tokens",
+                config.pool_bytes,
+                "ask for fewer KV blocks or tokens (--kv-blocks, kv_tokens), or fewer or "
+                "shorter requests at once",
+            )
         shape = (config.n_kv_heads, config.num_blocks * config.block_size, config.head_dim)
         self.k: list[Tensor] = [
             torch.zeros(shape, dtype=config.dtype, device=config.device)

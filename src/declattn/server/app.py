@@ -178,6 +178,7 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         prefill_budget=config.prefill_budget,
         prefill_first=config.prefill_first,
     )
+    served.allocate()  # a pool that cannot fit is refused now, not at the first request
     metrics = Metrics()
     scheduler = Scheduler(served, metrics, max_batch=config.max_batch, max_queue=config.max_queue)
     limits = Limits(
