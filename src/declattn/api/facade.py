@@ -218,9 +218,10 @@ class Engine:
                             self._kv_cache_size, kv_cache_root())
 
     def allocate(self) -> PoolStats:
-        """Make the KV pool now rather than at the first request (its pages are still
-        filled only as requests use them), so a pool larger than the memory available is
-        refused (``MemoryShortage``) before a server takes any request."""
+        """Make the KV pool now rather than at the first request: a pool larger than the
+        memory available is refused (``MemoryShortage``) before a server takes any
+        request, and the pool (zero-filled, so resident) is paid at start-up, not by the
+        first client."""
         return self._engine.cache.stats()
 
     @property

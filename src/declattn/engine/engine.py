@@ -28,6 +28,7 @@ from declattn.engine.kvdisk.options import DiskOptions
 from declattn.engine.kvdisk.tier import DiskTier
 from declattn.engine.models import Decoder, ModelConfig
 from declattn.engine.prefix import PromptCache
+from declattn.engine.quant.linear import hold_dense
 from declattn.engine.reads import ReadCounter
 from declattn.engine.request import Request, TokenEvent
 from declattn.engine.sampler import SamplingParams
@@ -35,10 +36,10 @@ from declattn.engine.scheduler import Scheduler
 
 DEFAULT_PREFILL_BUDGET = 256
 """Prompt tokens one step computes beside the decode rows (``prefill_budget``): the
-streams' wait between two tokens against the new prompt's time to its first. A step
-that carries prompt rows pays a fixed cost whatever their number (a packed GGUF layer
-unpacks its whole matrix for a call of many rows), so halving the budget from 256
-shortens a step far less than it lengthens the prefill (docs/benchmarks.md)."""
+streams' wait between two tokens against the new prompt's time to its first. While
+prompts prefill, a packed GGUF layer keeps its dequantised weight from one step to the
+next (``quant.linear.hold_dense``), so a step's prompt rows cost in proportion to their
+number, plus their attention over the prompt so far (docs/benchmarks.md)."""
 
 DEFAULT_PREFILL_CHUNK = 512
 """The grid of prompt positions: a piece of a prompt never crosses a multiple of it, and
@@ -123,6 +124,11 @@ class PagedEngine:
             eos.add(tokenizer.eos_token_id)
         self.acceptor = Acceptor(tokenizer, eos, forcing=forcing)
         self._ids = itertools.count()
+        self._dtype = param.dtype
+        self._prefilling = False
+        self.dense_bytes = 0
+        """Bytes of dequantised weights the GGUF layers may keep while prompts prefill
+        (``quant.linear.hold_dense``); 0 while none does, or where memory refused it."""
 
     @property
     def block_size(self) -> int:
@@ -193,6 +199,8 @@ class PagedEngine:
     def abort(self, seq: Request, reason: str = "abort") -> None:
         seq.finish_reason = seq.finish_reason or reason
         self.scheduler.remove(seq)
+        if not self.scheduler.waiting:
+            self._hold_dense(False)
 
     @property
     def has_work(self) -> bool:
@@ -215,6 +223,8 @@ class PagedEngine:
         plan = self.scheduler.schedule()
         if plan.prefill is None and not plan.decode:
             return []
+        if plan.prefill is not None:
+            self._hold_dense(True)
         try:
             rows = self.forward.run(plan)
         finally:
@@ -235,7 +245,16 @@ class PagedEngine:
                     seq.prefill_seconds += time.perf_counter() - t0
                 if seq.finish_reason is not None:
                     self.scheduler.remove(seq)
+        if not self.scheduler.waiting:
+            self._hold_dense(False)
         return events
+
+    def _hold_dense(self, on: bool) -> None:
+        """Keep the GGUF layers' dense weights from one step to the next while prompts
+        prefill; drop them once no prompt waits (``quant.linear.hold_dense``)."""
+        if on != self._prefilling:
+            self._prefilling = on
+            self.dense_bytes = hold_dense(self.model, on, self._dtype)
 
     def _free(self, seq: Request) -> None:
         self.cache.free(seq.seq_id)

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from declattn.engine.memory import MemoryShortage, check_fits
+
 GEMM_ROWS = 32
 """From this many rows on, a GGUF layer multiplies through its dequantised weight (an fp32
 GEMM, or bf16 where ``bf16_gemm``): many rows are bound by arithmetic, where a float GEMM
@@ -115,6 +117,9 @@ class GGUFLinear(QuantLinear):
         blocks, self.kernel_type = ops.gguf_repack(blocks, ggml_type, group_rows)
         self.register_buffer("blocks", blocks)
         self.bias = None
+        self.keep_dense = False
+        """Keep the dequantised weight of a many-row call for the next (``hold_dense``)."""
+        self._dense: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dim() == 2 and x.shape[0] < GEMM_ROWS:  # a decode step: the short way
@@ -124,12 +129,21 @@ class GGUFLinear(QuantLinear):
         x2 = x.reshape(-1, shape[-1]).contiguous()
         if x2.shape[0] >= GEMM_ROWS:
             if x2.dtype == torch.bfloat16 and bf16_gemm():
-                y = F.linear(x2, self.dequantized().to(torch.bfloat16))
+                y = F.linear(x2, self.gemm_weight(torch.bfloat16))
             else:
-                y = F.linear(x2.float(), self.dequantized()).to(x.dtype)
+                y = F.linear(x2.float(), self.gemm_weight(torch.float32)).to(x.dtype)
         else:
             y = self._matmul(x2, self.blocks, self.kernel_type)
         return self._finish(y, shape)
+
+    def gemm_weight(self, dtype: torch.dtype) -> Tensor:
+        """The dequantised weight in ``dtype`` for a many-row GEMM: the one kept from the
+        last such call while ``keep_dense`` is on, else made now (and kept if it is on)."""
+        w = self._dense
+        if w is None or w.dtype != dtype:
+            w = self.dequantized().to(dtype)
+            self._dense = w if self.keep_dense else None
+        return w
 
     def dequantized(self) -> Tensor:
         return self._dequantize(self.blocks, self.kernel_type, self.in_features)
@@ -297,3 +311,30 @@ def int4_fits(out_features: int, in_features: int, group: int = 32) -> bool:
 def int8_fits(out_features: int, in_features: int) -> bool:
     del out_features
     return in_features % _INT8_COL_MULTIPLE == 0
+
+
+def hold_dense(model: nn.Module, on: bool, dtype: torch.dtype) -> int:
+    """Keep (``on``) or drop every GGUF layer's dequantised weight between many-row calls;
+    the bytes it may hold (0 when off or refused).
+
+    A prompt's prefill runs one many-row call per matrix per step, and each call
+    dequantises its whole matrix: on CPU that costs about as much as the GEMM itself. While
+    prompts prefill, the engine keeps the dense weights from one step to the next (bf16
+    where the GEMM runs in bf16, else fp32), and drops them once no prompt is left, so
+    decoding holds only the file's blocks. The numbers are the same either way: the kept
+    weight is the one a call would dequantise. Refused (0) where the dense weights would
+    take more than half the memory available, and then every call dequantises, as before.
+    """
+    layers = [m for m in model.modules() if isinstance(m, GGUFLinear)]
+    itemsize = 2 if dtype == torch.bfloat16 and bf16_gemm() else 4
+    need = itemsize * sum(m.out_features * m.in_features for m in layers)
+    if on:
+        try:
+            check_fits("the dense prefill weights (twice)", 2 * need, "they are not kept")
+        except MemoryShortage:
+            on = False
+    for m in layers:
+        m.keep_dense = on
+        if not on:
+            m._dense = None
+    return need if on else 0
