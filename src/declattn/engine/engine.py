@@ -31,6 +31,7 @@ from declattn.engine.prefix import PromptCache
 from declattn.engine.quant.linear import hold_dense
 from declattn.engine.reads import ReadCounter
 from declattn.engine.request import Request, TokenEvent
+from declattn.engine.row_cost import RowCost
 from declattn.engine.sampler import SamplingParams
 from declattn.engine.scheduler import Scheduler
 
@@ -116,7 +117,7 @@ class PagedEngine:
         self.prompts = PromptCache(self.cache, c, prefill_chunk, self.disk)
         self.scheduler = Scheduler(
             self.cache, self.prompts, self._free, prefill_chunk=prefill_chunk,
-            prefill_budget=budget, prefill_first=prefill_first,
+            prefill_budget=budget, prefill_first=prefill_first, row_cost=RowCost.of(c),
         )
         self.forward = Forward(model, self.cache, self.counter, batch_invariant=batch_invariant)
         eos = set(c.eos_token_ids)

@@ -8,10 +8,11 @@ prefills: a step costs its piece plus its decode rows, never a whole long prefil
 first waiting prompt (whenever it has room) or one decode row of every running sequence.
 
 A piece never crosses a multiple of the prefill chunk, and inside a chunk it is cut at
-multiples of ``prefill_budget`` (the most prompt rows one step computes), so where a
-piece starts depends on the engine's settings only, never on who else runs: a cached
-prefix then gives bit for bit what a fresh prefill gives (``prefix.py``). Decode rows
-do not count against the budget: every running stream advances every step.
+multiples of the budget (``prefill_budget`` rows at the prompt's start, fewer further in
+as each row's attention grows: ``row_cost.py``), so where a piece starts depends on the
+engine's settings and the model only, never on who else runs: a cached prefix then
+gives bit for bit what a fresh prefill gives (``prefix.py``). Decode rows do not count
+against the budget: every running stream advances every step.
 
 Blocks are taken as sequences grow. A waiting prompt whose piece the pool cannot hold
 waits while the running ones decode (and finish, freeing blocks); decode rows the pool
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from declattn.engine.kv import KVCache, PoolExhausted
 from declattn.engine.prefix import PromptCache
 from declattn.engine.request import Request
+from declattn.engine.row_cost import RowCost
 
 
 @dataclass(frozen=True)
@@ -66,9 +68,11 @@ class Scheduler:
         prefill_chunk: int,
         prefill_budget: int,
         prefill_first: bool = False,
+        row_cost: RowCost | None = None,
     ) -> None:
         """``release`` frees a sequence's blocks and whatever else the engine keeps
-        for it (its carried decode plan)."""
+        for it (its carried decode plan); ``row_cost`` shrinks the budget further into a
+        prompt (``None``: the same number of rows everywhere)."""
         if prefill_budget < 1:
             raise ValueError("prefill_budget must be >= 1")
         self.cache = cache
@@ -77,6 +81,7 @@ class Scheduler:
         self.prefill_chunk = prefill_chunk
         self.prefill_budget = prefill_budget
         self.prefill_first = prefill_first
+        self.row_cost = row_cost
         self.waiting: list[Request] = []
         self.running: list[Request] = []
 
@@ -116,9 +121,11 @@ class Scheduler:
 
     def piece_stop(self, start: int, target: int) -> int:
         """Where a piece from ``start`` ends: at the target, the next multiple of the
-        chunk, or the next multiple of the budget inside the chunk, whichever is first."""
+        chunk, or the next multiple of the chunk's budget inside it, whichever is first."""
         chunk, budget = self.prefill_chunk, self.prefill_budget
         base = start - start % chunk
+        if self.row_cost is not None:
+            budget = self.row_cost.piece(budget, base)
         cut = base + min(chunk, ((start - base) // budget + 1) * budget)
         return min(target, cut)
 
