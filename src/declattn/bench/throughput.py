@@ -262,6 +262,10 @@ def budget_sweep(engine: Engine, cfg: BudgetConfig,
     say = log or (lambda _m: None)
     gen = torch.Generator().manual_seed(cfg.seed)
     tok = engine.tokenizer
+    ids = _ids(tok, cfg.context, cfg.seed * 1000 + 99)
+    real = min(cfg.prompt_tokens, len(ids) - 1)
+    alone = _prefill_alone(engine, ids, real, gen)
+    say(f"the prompt alone (default budget): {real} tokens in {alone:.1f} s")
     out = []
     for budget in cfg.budgets:
         blocks = (cfg.streams + 1) * (-(-cfg.context // 16) + 64)
@@ -280,8 +284,6 @@ def budget_sweep(engine: Engine, cfg: BudgetConfig,
             t0 = time.perf_counter()
             pool.step()
             decode.append(time.perf_counter() - t0)
-        ids = _ids(tok, cfg.context, cfg.seed * 1000 + 99)
-        real = min(cfg.prompt_tokens, len(ids) - 1)
         new = pool.add(Controller(ids), SamplingParams(max_tokens=1))
         pool.prefill_synthetic(new, upto=len(ids) - real, generator=gen)
         mixed = []
@@ -293,8 +295,23 @@ def budget_sweep(engine: Engine, cfg: BudgetConfig,
             pool.abort(r)
         row = {"budget": budget, "decode_step_s": statistics.median(decode[1:]),
                "mixed_step_s_p50": statistics.median(mixed), "mixed_step_s_max": max(mixed),
-               "prompt_tokens_per_s": real / sum(mixed), "steps": len(mixed)}
+               "prompt_tokens_per_s": real / sum(mixed), "steps": len(mixed),
+               "prefill_s": sum(mixed), "alone_prefill_s": alone,
+               "prefill_over_alone": sum(mixed) / alone}
         say(f"budget {budget}: mixed step p50 {row['mixed_step_s_p50']:.2f} s, prompt "
             f"{row['prompt_tokens_per_s']:.1f} tok/s")
         out.append(row)
     return out
+
+
+def _prefill_alone(engine: Engine, ids: list[int], real: int, gen: torch.Generator) -> float:
+    """Seconds to prefill the last ``real`` tokens of ``ids`` with nothing else running
+    (the engine's default budget): what the prompt costs beside the streams is set
+    against it."""
+    pool = engine.with_pool(-(-len(ids) // 16) + 64, prefix_caching=False)
+    req = pool.add(Controller(ids), SamplingParams(max_tokens=1))
+    pool.prefill_synthetic(req, upto=len(ids) - real, generator=gen)
+    t0 = time.perf_counter()
+    while req.finish_reason is None:
+        pool.step()
+    return time.perf_counter() - t0

@@ -103,6 +103,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
         from declattn.bench.throughput import BudgetConfig, budget_sweep
 
         bcfg = BudgetConfig(args.arrival_context, args.streams,
+                            prompt_tokens=args.arrival_context,
                             budgets=tuple(b for b in args.budgets if b) or (128, 256, 512),
                             seed=args.seed)
         result["parts"]["budget"] = {"config": bcfg.to_dict(),
@@ -163,11 +164,12 @@ def tables(result: dict[str, Any]) -> list[Table]:
     if "budget" in parts:
         t = Table(title="in process: a prompt's pieces beside decoding streams, per budget")
         for col in ("budget", "decode step s", "mixed step p50 s", "mixed step max s",
-                    "prompt tok/s"):
+                    "prompt tok/s", "prefill s", "over alone"):
             t.add_column(col, justify="right")
         for row in parts["budget"]["rows"]:
             t.add_row(str(row["budget"]), _f(row["decode_step_s"]),
                       _f(row["mixed_step_s_p50"]), _f(row["mixed_step_s_max"]),
-                      _f(row["prompt_tokens_per_s"], "{:.1f}"))
+                      _f(row["prompt_tokens_per_s"], "{:.1f}"), _f(row["prefill_s"], "{:.1f}"),
+                      _f(row["prefill_over_alone"]))
         out.append(t)
     return out
