@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from declattn.eval.arms import ArmSettings, parse_arms
 from declattn.eval.metrics import summarize
@@ -23,6 +24,8 @@ def test_a_prompt_that_does_not_fit_is_an_error_row(tiny_engine, tmp_path):
     rows = run_eval(tiny_engine, spec, out, machine={})
     assert [r["arm"] for r in rows] == ["da", "vanilla", "streaming"]
     assert "exceeds the model's 8192 positions" in rows[0]["error"]
+    m = re.search(r"prompt of (\d+) tokens.* a document of (\d+) tokens fits", rows[0]["error"])
+    assert m and int(m[2]) == (8192 - 7500) * 1024 // int(m[1])  # the overhead, scaled
     assert "no budget: the da arm failed" in rows[2]["error"]
     assert read_rows(out) == [json.loads(json.dumps(r)) for r in rows]
     s = summarize(rows)

@@ -191,7 +191,8 @@ class ArmRunner:
             raise PromptTooLong(
                 f"prompt of {len(sess.prompt_ids)} tokens + max_tokens "
                 f"{self.settings.max_tokens} exceeds the model's {self.engine.max_positions} "
-                "positions"
+                "positions",
+                len(sess.prompt_ids),
             )
         params = SamplingParams(max_tokens=self.settings.max_tokens)
         t0 = time.perf_counter()
@@ -206,3 +207,16 @@ class ArmRunner:
 
 class PromptTooLong(ValueError):
     """The sample's prompt and response budget do not fit the model's positions."""
+
+    def __init__(self, message: str, prompt_tokens: int) -> None:
+        super().__init__(message)
+        self.prompt_tokens = prompt_tokens
+
+    def hint(self, context_tokens: int, positions: int, max_tokens: int) -> str:
+        """The message and the longest document that fits, the prompt's overhead
+        (instruction, chunk headers) scaled to it: what ``--lengths`` can ask for."""
+        fits = int((positions - max_tokens) * context_tokens / max(1, self.prompt_tokens))
+        if fits < 256:
+            return f"{self}; no document fits beside max_tokens {max_tokens}"
+        size = f"{fits // 1024}K" if fits >= 1024 else str(fits)
+        return f"{self}; at this prompt's overhead a document of {size} tokens fits"

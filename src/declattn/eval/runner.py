@@ -191,7 +191,10 @@ def _run_one(
     try:
         run = runner.run(arm, sample.context, sample.prompt_question(arm in DA_ARMS), budget,
                          sample.evidence)
-    except (PromptTooLong, NoControl) as e:
+    except PromptTooLong as e:
+        why = e.hint(sample.length, engine.max_positions, spec.settings.max_tokens)
+        return error_row(spec.model, sample, index, arm, why, machine)
+    except NoControl as e:
         return error_row(spec.model, sample, index, arm, str(e), machine)
     s = spec.settings
     if chunks is None:
