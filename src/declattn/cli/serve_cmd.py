@@ -54,7 +54,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--prefill-budget", type=int, default=None,
                    help="prompt tokens one step computes beside the running requests' decode "
                    "rows: lower keeps streams flowing, higher gives new prompts their first "
-                   "token sooner (default 256; docs/server.md)")
+                   "token sooner (default 128; docs/server.md)")
     p.add_argument("--prefill-first", action="store_true",
                    help="run a prompt's prefill alone, pausing every stream meanwhile (the "
                    "scheduling before mixed steps, for comparison)")

@@ -35,12 +35,15 @@ from declattn.engine.row_cost import RowCost
 from declattn.engine.sampler import SamplingParams
 from declattn.engine.scheduler import Scheduler
 
-DEFAULT_PREFILL_BUDGET = 256
+DEFAULT_PREFILL_BUDGET = 128
 """Prompt tokens one step computes beside the decode rows (``prefill_budget``): the
 streams' wait between two tokens against the new prompt's time to its first. While
 prompts prefill, a packed GGUF layer keeps its dequantised weight from one step to the
 next (``quant.linear.hold_dense``), so a step's prompt rows cost in proportion to their
-number, plus their attention over the prompt so far (docs/benchmarks.md)."""
+number, plus their attention over the prompt so far, which ``row_cost.py`` evens out.
+128: measured beside four streams at 16K, it keeps their longest wait under a second
+where 256 does not, and a prompt alone prefills a little slower (docs/benchmarks.md,
+"The prefill budget")."""
 
 DEFAULT_PREFILL_CHUNK = 512
 """The grid of prompt positions: a piece of a prompt never crosses a multiple of it, and

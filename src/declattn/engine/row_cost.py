@@ -14,11 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from declattn.engine.models import ModelConfig
+from declattn.engine.quant.linear import GEMM_ROWS
 
-MIN_PIECE = 64
+MIN_PIECE = GEMM_ROWS
 """A budget shrinks with the position only down to this many rows (and a budget of this
-or fewer rows never shrinks): a smaller GEMM loses more to its fixed costs than the
-position costs it."""
+or fewer rows never shrinks): ``quant.linear.GEMM_ROWS``, below which a step's rows would
+leave the dense GEMM for the integer kernel, several times slower per row."""
 PIECE_MULTIPLE = 16
 """Scaled budgets are rounded down to a multiple of this, so pieces stay whole blocks."""
 
