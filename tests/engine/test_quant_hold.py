@@ -8,6 +8,7 @@ import torch
 from test_engine import make_engine, run_one
 
 from declattn.engine import engine as engine_module
+from declattn.engine.controller import Controller
 from declattn.engine.loader import load_model
 from declattn.engine.quant import GGUFLinear
 from declattn.engine.quant.linear import GEMM_ROWS, hold_dense
@@ -51,7 +52,7 @@ def test_the_engine_keeps_them_while_a_prompt_prefills_only(packed, monkeypatch)
     ids = packed.tokenizer("The harbour master counted the boats. " * 40).input_ids
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     engine = make_engine(packed.model, num_blocks=128, prefill_chunk=GEMM_ROWS * 2)
-    seq = engine.add(engine_module.Controller(ids), params)
+    seq = engine.add(Controller(ids), params)
     engine.step()  # the prompt's first piece
     assert engine.dense_bytes > 0 and _held(packed.model) > 0
     while seq.prefilled < len(ids):
@@ -62,7 +63,7 @@ def test_the_engine_keeps_them_while_a_prompt_prefills_only(packed, monkeypatch)
         pass
     # an aborted prompt drops them too
     fresh = packed.tokenizer("A lighthouse keeper named her cat. " * 40).input_ids
-    other = engine.add(engine_module.Controller(fresh), params)  # no cached prefix
+    other = engine.add(Controller(fresh), params)  # no cached prefix
     engine.step()
     assert _held(packed.model) > 0
     engine.abort(other)

@@ -129,7 +129,7 @@ class PagedEngine:
         self.acceptor = Acceptor(tokenizer, eos, forcing=forcing)
         self._ids = itertools.count()
         self._dtype = param.dtype
-        self._prefilling = False
+        self._holding = False
         self.dense_bytes = 0
         """Bytes of dequantised weights the GGUF layers may keep while prompts prefill
         (``quant.linear.hold_dense``); 0 while none does, or where memory refused it."""
@@ -256,8 +256,8 @@ class PagedEngine:
     def _hold_dense(self, on: bool) -> None:
         """Keep the GGUF layers' dense weights from one step to the next while prompts
         prefill; drop them once no prompt waits (``quant.linear.hold_dense``)."""
-        if on != self._prefilling:
-            self._prefilling = on
+        if on != self._holding:
+            self._holding = on
             self.dense_bytes = hold_dense(self.model, on, self._dtype)
 
     def _free(self, seq: Request) -> None:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from declattn.engine.memory import MemoryShortage, check_fits
+from declattn.engine.memory import available_bytes
 
 GEMM_ROWS = 32
 """From this many rows on, a GGUF layer multiplies through its dequantised weight (an fp32
@@ -328,11 +328,9 @@ def hold_dense(model: nn.Module, on: bool, dtype: torch.dtype) -> int:
     layers = [m for m in model.modules() if isinstance(m, GGUFLinear)]
     itemsize = 2 if dtype == torch.bfloat16 and bf16_gemm() else 4
     need = itemsize * sum(m.out_features * m.in_features for m in layers)
-    if on:
-        try:
-            check_fits("the dense prefill weights (twice)", 2 * need, "they are not kept")
-        except MemoryShortage:
-            on = False
+    free = available_bytes()
+    if on and free is not None and 2 * need > free:
+        on = False
     for m in layers:
         m.keep_dense = on
         if not on:
