@@ -168,7 +168,7 @@ def _assert_same_as_the_files(op, ops, blocks, kind, packed, kernel_type, cols):
     assert torch.equal(ops.gguf_unpack(packed, kernel_type), blocks)
     assert torch.equal(ops.gguf_dequantize(packed, kernel_type, cols),
                        ops.gguf_dequantize(blocks, kind, cols))
-    for m in (1, 3, 17):
+    for m in (1, 3, 5, 17):  # 17 = 8 + 8 + 1 rows, 5 = 4 + 1, 3 = 2 + 1 in a batch
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)).to(dtype)
             assert torch.equal(op(x, packed, kernel_type), op(x, blocks, kind)), (m, dtype)

@@ -53,19 +53,23 @@ void each_row(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x,
   for (int64_t r = 0; r < rows; ++r) out[r] = F(w + r * row_bytes, x, nb);
 }
 
+// One whole group of ``kRows`` weight rows . n activation rows -> out[n][kRows].
+using GroupBatch = void (*)(const uint8_t*, const Q8Row*, int64_t, int64_t, float*);
+
 struct Format {
   int64_t block;  // weights per block
   int64_t bytes;  // bytes per block
   RowsDot dot;
+  GroupBatch batch = nullptr;  // several activation rows per pass over a tile, where written
 };
 
 Format format_of(int64_t type) {
   switch (type) {
 #if defined(GGUF_ROWS16)
-    case kQ5_0_R16: return {32, 22, dot_q5_0_r16};
-    case kQ8_0_R16: return {32, 34, dot_q8_0_r16};
-    case kQ4_K_R16: return {256, 144, dot_q4_k_r16};
-    case kQ6_K_R16: return {256, 210, dot_q6_k_r16};
+    case kQ5_0_R16: return {32, 22, dot_q5_0_r16, batch_q5_0_r16};
+    case kQ8_0_R16: return {32, 34, dot_q8_0_r16, batch_q8_0_r16};
+    case kQ4_K_R16: return {256, 144, dot_q4_k_r16, batch_q4_k_r16};
+    case kQ6_K_R16: return {256, 210, dot_q6_k_r16, batch_q6_k_r16};
 #else
     case kQ5_0_R16: case kQ8_0_R16:
     case kQ4_K_R16: case kQ6_K_R16:
@@ -133,7 +137,10 @@ const Regrouped* regrouped(int64_t type) {  // by the regrouped id; nullptr: not
 }
 
 // Weight rows per tile: a tile stays in cache while every activation row passes over it,
-// and each activation row is read once per tile (a batch of decode rows).
+// and each activation row is read once per tile (a batch of decode rows). Where a format
+// has a batch kernel (the layouts regrouped by sixteen), a whole tile takes several
+// activation rows per pass: its codes are loaded and unpacked once for all of them, the
+// work that bounds a batched step once the weights are read once per step.
 constexpr int64_t kRows = 16;
 
 // One weight matrix of a call: its blocks, rows, and where its outputs start.
@@ -160,23 +167,30 @@ at::Tensor gguf_linear_t(const at::Tensor& x, const std::vector<Part>& parts, in
       quantize_row(xp + r * k, k, q.data() + r * k, d.data() + r * nab, sums.data() + r * nab,
                    isum.data() + r * nab, bsum.data() + r * 2 * nab);
   });
+  std::vector<Q8Row> xs(m);
+  for (int64_t r = 0; r < m; ++r)
+    xs[r] = {q.data() + r * k, d.data() + r * nab, sums.data() + r * nab,
+             isum.data() + r * nab, bsum.data() + r * 2 * nab};
   at::Tensor out = at::empty({m, n}, x.options());
   T* op = out.data_ptr<T>();
   const Part& last = parts.back();
   const int64_t tiles = last.tile0 + (last.rows + kRows - 1) / kRows;
   at::parallel_for(0, tiles, 1, [&](int64_t t0, int64_t t1) {
     size_t i = 0;
+    std::vector<float> tile(m * kRows);
     for (int64_t t = t0; t < t1; ++t) {
       while (i + 1 < parts.size() && parts[i + 1].tile0 <= t) ++i;
       const Part& p = parts[i];
       const int64_t j0 = (t - p.tile0) * kRows, rows = std::min(kRows, p.rows - j0);
-      float tile[kRows];
+      const uint8_t* w = p.w + j0 * p.row_bytes;
+      if (p.f.batch && rows == kRows)
+        p.f.batch(w, xs.data(), m, k / p.f.block, tile.data());
+      else
+        for (int64_t r = 0; r < m; ++r)
+          p.f.dot(w, p.row_bytes, rows, xs[r], k / p.f.block, tile.data() + r * kRows);
       for (int64_t r = 0; r < m; ++r) {
-        const Q8Row xr{q.data() + r * k, d.data() + r * nab, sums.data() + r * nab,
-                       isum.data() + r * nab, bsum.data() + r * 2 * nab};
-        p.f.dot(p.w + j0 * p.row_bytes, p.row_bytes, rows, xr, k / p.f.block, tile);
         T* o = op + r * n + p.col0 + j0;
-        for (int64_t j = 0; j < rows; ++j) o[j] = static_cast<T>(tile[j]);
+        for (int64_t j = 0; j < rows; ++j) o[j] = static_cast<T>(tile[r * kRows + j]);
       }
     }
   });
