@@ -118,6 +118,9 @@ def test_layer_dequantises_to_the_file_weight_and_keeps_its_bytes(op, kind):
     layer = GGUFLinear(blocks, int(kind), w.shape[1])
     # gguf-py's arithmetic, to one fp32 rounding (the kernel may fuse a multiply-add)
     torch.testing.assert_close(layer.dequantized().double(), w, rtol=1e-6, atol=1e-7)
+    # a bf16 prefill's weight: the fp32 one rounded by torch, bit for bit, in every layout
+    assert torch.equal(layer.gemm_weight(torch.bfloat16).view(torch.int16),
+                       layer.dequantized().to(torch.bfloat16).view(torch.int16))
     assert layer.weight_bytes == blocks.numel()  # the file's bits per weight
     few = torch.randn(2, 3, w.shape[1])
     assert layer(few).shape == (2, 3, w.shape[0])
@@ -168,6 +171,8 @@ def _assert_same_as_the_files(op, ops, blocks, kind, packed, kernel_type, cols):
     assert torch.equal(ops.gguf_unpack(packed, kernel_type), blocks)
     assert torch.equal(ops.gguf_dequantize(packed, kernel_type, cols),
                        ops.gguf_dequantize(blocks, kind, cols))
+    assert torch.equal(ops.gguf_dequantize(packed, kernel_type, cols, True).view(torch.int16),
+                       ops.gguf_dequantize(blocks, kind, cols).to(torch.bfloat16).view(torch.int16))
     for m in (1, 3, 5, 17):  # 17 = 8 + 8 + 1 rows, 5 = 4 + 1, 3 = 2 + 1 in a batch
         for dtype in (torch.float32, torch.bfloat16):
             x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)).to(dtype)

@@ -28,8 +28,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "gguf_blocks.h"
@@ -103,14 +105,22 @@ Format format_of(int64_t type) {
 // (gguf_rows16_vnni.h): the file's type it holds (whose block bytes ``format_of`` gives),
 // the rows of a group, and one group to and from that many of the file's rows.
 using GroupFn = void (*)(const uint8_t*, int64_t, int64_t, uint8_t*);
+// A whole group dequantised as it lies (row r at out + r * k), where written.
+using GroupDequant = void (*)(const uint8_t*, int64_t, float*, int64_t);
 struct Regrouped {
   int64_t type, file_type, rows;
   GroupFn regroup, ungroup;
+  GroupDequant dequant = nullptr;
 };
 // Best first: ``gguf_repack`` takes the first one this build reads.
 constexpr Regrouped kRegrouped[] = {
+#if defined(GGUF_ROWS16)
+    {kQ5_0_R16, kQ5_0, 16, regroup_q5_0_r16, ungroup_q5_0_r16, dequant_q5_0_r16},
+    {kQ8_0_R16, kQ8_0, 16, regroup_q8_0_r16, ungroup_q8_0_r16, dequant_q8_0_r16},
+#else
     {kQ5_0_R16, kQ5_0, 16, regroup_q5_0_r16, ungroup_q5_0_r16},
     {kQ8_0_R16, kQ8_0, 16, regroup_q8_0_r16, ungroup_q8_0_r16},
+#endif
 #if defined(GGUF_ROWS16)
     {kQ4_K_R16, kQ4_K, 16, regroup_q4_k_r16, ungroup_q4_k_r16},
     {kQ6_K_R16, kQ6_K, 16, regroup_q6_k_r16, ungroup_q6_k_r16},
@@ -253,35 +263,93 @@ std::tuple<at::Tensor, at::Tensor> gguf_quantize(const at::Tensor& x_, bool plai
   return {q, d};
 }
 
-// w [N, row bytes] uint8 -> fp32 [N, k], the weight as gguf-py's dequantize gives it.
-at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t k) {
+// fp32 -> bf16 rounded to nearest even, NaN to c10's quiet NaN: c10::BFloat16's own
+// rounding, in a loop the compiler vectorizes (the conversion one value at a time took
+// longer than dequantising).
+inline void to_bf16(const float* x, int64_t n, at::BFloat16* out) {
+  uint16_t* o = reinterpret_cast<uint16_t*>(out);
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, 4);
+    const uint16_t rounded = static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    o[i] = x[i] != x[i] ? uint16_t{0x7FC0} : rounded;
+  }
+}
+
+// Rows [r0, r0 + n) of a dequantised weight as T, made in fp32 at ``rows()``: straight in
+// the output for fp32, else in a scratch of n rows that ``done`` rounds to bf16 (``to_bf16``).
+template <typename T>
+struct RowsOut {
+  T* out;
+  int64_t k;
+  std::vector<float> scratch;
+  RowsOut(T* o, int64_t k_, int64_t n) : out(o), k(k_), scratch(std::is_same_v<T, float> ? 0 : n * k_) {}
+  float* rows(int64_t r0) {
+    if constexpr (std::is_same_v<T, float>) return out + r0 * k;
+    else return scratch.data();
+  }
+  void done(int64_t r0, int64_t n) {
+    if constexpr (!std::is_same_v<T, float>) to_bf16(scratch.data(), n * k, out + r0 * k);
+  }
+};
+
+// Rows of a regrouped layout: whole groups dequantised as they lie where the layout has a
+// way to, else copied back to the file's rows first; rows past the last group are the file's.
+template <typename T>
+void dequantize_groups(const Regrouped& g, const uint8_t* wp, int64_t n, int64_t row_bytes,
+                       int64_t k, T* op) {
+  const int64_t nb = k / format_of(g.file_type).block, gr = g.rows;
+  at::parallel_for(0, n / gr, 8, [&](int64_t g0, int64_t g1) {
+    std::vector<uint8_t> rows(g.dequant ? 0 : gr * row_bytes);
+    RowsOut<T> o(op, k, gr);
+    for (int64_t i = g0; i < g1; ++i) {
+      const uint8_t* grp = wp + gr * i * row_bytes;
+      float* y = o.rows(gr * i);
+      if (g.dequant) {
+        g.dequant(grp, nb, y, k);
+      } else {
+        g.ungroup(grp, row_bytes, nb, rows.data());
+        for (int64_t r = 0; r < gr; ++r) dequant_row(g.file_type, rows.data() + r * row_bytes, y + r * k, nb);
+      }
+      o.done(gr * i, gr);
+    }
+  });
+  RowsOut<T> o(op, k, 1);
+  for (int64_t r = n / gr * gr; r < n; ++r) {
+    dequant_row(g.file_type, wp + r * row_bytes, o.rows(r), nb);
+    o.done(r, 1);
+  }
+}
+
+template <typename T>
+void dequantize_into(const uint8_t* wp, int64_t type, int64_t n, int64_t row_bytes, int64_t k,
+                     T* op) {
+  if (const Regrouped* g = regrouped(type)) return dequantize_groups(*g, wp, n, row_bytes, k, op);
+  const int64_t nb = k / format_of(type).block;
+  at::parallel_for(0, n, 64, [&](int64_t r0, int64_t r1) {
+    RowsOut<T> o(op, k, 1);
+    for (int64_t r = r0; r < r1; ++r) {
+      dequant_row(type, wp + r * row_bytes, o.rows(r), nb);
+      o.done(r, 1);
+    }
+  });
+}
+
+// w [N, row bytes] uint8 -> [N, k], the weight as gguf-py's dequantize gives it: fp32, or
+// (``bf16``) that rounded to bf16 without an fp32 copy of the whole matrix first, the
+// weight a bf16 prefill GEMM multiplies by.
+at::Tensor gguf_dequantize(const at::Tensor& w, int64_t type, int64_t k, bool bf16) {
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.is_contiguous(),
               "gguf_dequantize: w [N, bytes] uint8");
   const Format f = format_of(type);
   TORCH_CHECK(k % f.block == 0 && w.size(1) == k / f.block * f.bytes,
               "gguf_dequantize: ", k, " columns do not match ", w.size(1), " bytes per row");
-  const int64_t n = w.size(0), row_bytes = w.size(1);
-  at::Tensor out = at::empty({n, k}, w.options().dtype(at::kFloat));
-  float* op = out.data_ptr<float>();
-  const uint8_t* wp = w.data_ptr<uint8_t>();
-  const int64_t nb = k / f.block;
-  if (const Regrouped* g = regrouped(type)) {  // each whole group back to GGUF rows first
-    const int64_t gr = g->rows;
-    at::parallel_for(0, n / gr, 8, [&](int64_t g0, int64_t g1) {
-      std::vector<uint8_t> rows(gr * row_bytes);
-      for (int64_t i = g0; i < g1; ++i) {
-        g->ungroup(wp + gr * i * row_bytes, row_bytes, nb, rows.data());
-        for (int64_t r = 0; r < gr; ++r)
-          dequant_row(g->file_type, rows.data() + r * row_bytes, op + (gr * i + r) * k, nb);
-      }
-    });
-    for (int64_t r = n / gr * gr; r < n; ++r)
-      dequant_row(g->file_type, wp + r * row_bytes, op + r * k, nb);
-    return out;
-  }
-  at::parallel_for(0, n, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) dequant_row(type, wp + r * row_bytes, op + r * k, nb);
-  });
+  const int64_t n = w.size(0);
+  at::Tensor out = at::empty({n, k}, w.options().dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  if (bf16)
+    dequantize_into(w.data_ptr<uint8_t>(), type, n, w.size(1), k, out.data_ptr<at::BFloat16>());
+  else
+    dequantize_into(w.data_ptr<uint8_t>(), type, n, w.size(1), k, out.data_ptr<float>());
   return out;
 }
 
@@ -349,7 +417,7 @@ int64_t threads_used(int64_t n) {
 DECLATTN_FRAGMENT(m) {
   m.def("gguf_linear(Tensor x, Tensor w, int type) -> Tensor");
   m.def("gguf_linear_cat(Tensor x, Tensor[] ws, int[] types) -> Tensor");
-  m.def("gguf_dequantize(Tensor w, int type, int k) -> Tensor");
+  m.def("gguf_dequantize(Tensor w, int type, int k, bool bf16=False) -> Tensor");
   m.def("gguf_quantize(Tensor x, bool plain) -> (Tensor, Tensor)");
   m.def("gguf_repack(Tensor w, int type, int rows=0) -> (Tensor, int)");
   m.def("gguf_unpack(Tensor w, int type) -> Tensor");

@@ -238,6 +238,60 @@ inline void group16_q5_0(const uint8_t* w, const Q8Row& x, int64_t nb, float* ou
 constexpr auto dot_q8_0_r16 = dot_groups<group16_q8_0, 16, dot32<BQ8_0>>;
 constexpr auto dot_q5_0_r16 = dot_groups<group16_q5_0, 16, dot32<BQ5_0>>;
 
+// A whole group of sixteen Q8_0 or Q5_0 rows dequantised straight from the group's layout
+// (no copy back to the file's layout first: moving Q5_0's codes bit by bit cost ~6x the
+// dequantising): row r into out + r * k, k = 32 nb, each value the file layout's
+// ``d * code`` (dequant_row), bit for bit. ``Codes`` gives one block's sixteen rows of 32
+// codes, offsets taken off.
+template <void (*Codes)(const uint8_t*, int8_t (*)[32]), int64_t BlockBytes>
+inline void dequant_group16(const uint8_t* w, int64_t nb, float* out, int64_t k) {
+  alignas(64) int8_t codes[16][32];
+  for (int64_t b = 0; b < nb; ++b) {
+    Codes(w + 32 * nb + BlockBytes * b, codes);
+    for (int r = 0; r < 16; ++r) {
+      const __m512 d = _mm512_set1_ps(fp16(w + 32 * b + 2 * r));
+      for (int h = 0; h < 2; ++h) {
+        const __m128i q = _mm_load_si128(reinterpret_cast<const __m128i*>(codes[r] + 16 * h));
+        _mm512_storeu_ps(out + r * k + 32 * b + 16 * h,
+                         _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q))));
+      }
+    }
+  }
+}
+
+inline void codes16_q8_0(const uint8_t* qs, int8_t (*codes)[32]) {
+  for (int j = 0; j < 8; ++j)
+    for (int r = 0; r < 16; ++r) {
+      uint32_t u;
+      std::memcpy(&u, qs + 64 * j + 4 * r, 4);
+      u ^= 0x80808080u;
+      std::memcpy(codes[r] + 4 * j, &u, 4);
+    }
+}
+
+// Q5_0: each chunk unpacked as the kernel unpacks it, then per 128-bit lane the low and
+// high halves' 32-bit pieces paired, so that each 64-bit piece is one row's eight columns.
+inline void codes16_q5_0(const uint8_t* hb, int8_t (*codes)[32]) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+  for (int c = 0; c < 4; ++c) {
+    uint64_t bits[2];
+    std::memcpy(bits, hb + 16 * c, 16);
+    const __m512i v = _mm512_loadu_si512(hb + 64 + 64 * c);
+    __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    lo = _mm512_sub_epi8(_mm512_mask_add_epi8(lo, _cvtu64_mask64(bits[0]), lo, m10), m10);
+    hi = _mm512_sub_epi8(_mm512_mask_add_epi8(hi, _cvtu64_mask64(bits[1]), hi, m10), m10);
+    alignas(64) uint64_t pairs[2][8];  // [0]: rows 4L, 4L + 1 of lane L; [1]: 4L + 2, 4L + 3
+    _mm512_store_si512(pairs[0], _mm512_unpacklo_epi32(lo, hi));
+    _mm512_store_si512(pairs[1], _mm512_unpackhi_epi32(lo, hi));
+    for (int lane = 0; lane < 4; ++lane)
+      for (int e = 0; e < 4; ++e)
+        std::memcpy(codes[4 * lane + e] + 8 * c, &pairs[e / 2][2 * lane + e % 2], 8);
+  }
+}
+
+constexpr auto dequant_q8_0_r16 = dequant_group16<codes16_q8_0, 512>;
+constexpr auto dequant_q5_0_r16 = dequant_group16<codes16_q5_0, 320>;
+
 // One group of sixteen rows . ``n`` activation rows -> out[n][16]: ``R`` rows at a time,
 // then the rest by halves. ``Kernel::rows<R>`` is a format's group kernel for R rows; the
 // largest R pays where its accumulators still fit the 32 vector registers (Q8_0: 4 rows,

@@ -141,7 +141,8 @@ class GGUFLinear(QuantLinear):
         last such call while ``keep_dense`` is on, else made now (and kept if it is on)."""
         w = self._dense
         if w is None or w.dtype != dtype:
-            w = self.dequantized().to(dtype)
+            bf16 = dtype == torch.bfloat16
+            w = self._dequantize(self.blocks, self.kernel_type, self.in_features, bf16).to(dtype)
             self._dense = w if self.keep_dense else None
         return w
 
