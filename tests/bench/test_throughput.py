@@ -58,3 +58,27 @@ def test_a_tiny_in_process_run_measures_a_focus_against_vanilla(smol_tokenizer) 
     assert 0 < foc["kv_bytes_per_step"] < 0.8 * van["kv_bytes_per_step"]
     assert row["weight_bytes_per_step"] > 0 and van["tokens_per_second"] > 0
     assert len(logs) == 2 and "synthetic" in logs[0]
+
+
+def test_the_http_part_runs_a_real_server_on_the_threads_asked(tmp_path) -> None:
+    """``--parts http`` end to end on smollm2: a fresh ``declattn serve`` (prefix cache in
+    memory only), two streamed requests over distinct documents, their tokens counted."""
+    import argparse
+
+    from declattn.bench import throughput_report
+    from declattn.bench.throughput_http import HttpConfig
+
+    with pytest.raises(ValueError, match="a number of threads"):
+        HttpConfig(threads=0)
+    p = argparse.ArgumentParser()
+    throughput_report.add_arguments(p, lambda t: tuple(int(x) for x in t.split(",")))
+    args = p.parse_args(["--model", "smollm2-135m", "--parts", "http", "--contexts", "1000",
+                         "--concurrency", "2", "--arms", "declattn-vanilla",
+                         "--max-tokens", "3", "--threads", "1", "--out", str(tmp_path)])
+    result = throughput_report.run(args, lambda _m: None)
+    part = result["parts"]["http"]
+    assert part["config"]["threads"] == 1
+    (row,) = part["rows"]
+    assert row["errors"] == [] and row["requests"] == 2
+    assert 2 <= row["completion_tokens"] <= 6 and min(row["prompt_tokens"]) > 1000
+    assert (tmp_path / "throughput.json").is_file()

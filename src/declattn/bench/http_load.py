@@ -85,12 +85,14 @@ class ServerProcess:
 def declattn_server(model: str, *, threads: int, kv_blocks: int, max_batch: int,
                     prefill_budget: int | None = None, prefill_first: bool = False,
                     dtype: str = "auto") -> ServerProcess:
-    """``declattn serve`` with this interpreter's ``declattn``."""
+    """``declattn serve`` with this interpreter's ``declattn``, its prefix cache in memory
+    only: a bench's documents are new to it, and the disk tier would find them again in
+    the next run with the same seed (and write every prefill to disk meanwhile)."""
     port = free_port()
     exe = Path(sys.executable).with_name("declattn")
     cmd = [str(exe), "serve", "--model", model, "--port", str(port), "--kv-blocks",
            str(kv_blocks), "--max-batch", str(max_batch), "--log-level", "warning",
-           "--dtype", dtype]
+           "--dtype", dtype, "--no-kv-disk"]
     if prefill_budget is not None:
         cmd += ["--prefill-budget", str(prefill_budget)]
     if prefill_first:

@@ -61,6 +61,8 @@ class HttpConfig:
         unknown = set(self.arms) - set(HTTP_ARMS)
         if unknown:
             raise ValueError(f"unknown arms {sorted(unknown)}; known: {', '.join(HTTP_ARMS)}")
+        if not isinstance(self.threads, int) or self.threads < 1:
+            raise ValueError(f"threads: a number of threads (>= 1), not {self.threads!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise ValueError(f"unknown parts {sorted(unknown)}; known: {', '.join(PARTS)}")
-    threads = use_threads(args.threads)
+    threads = use_threads(args.threads).threads  # the servers are told it as a number
     arms = tuple(a.strip() for a in args.arms.split(",")) if args.arms else None
     engine = Engine.from_pretrained(args.model)
     result: dict[str, Any] = {"model": args.model, "machine": machine_info(), "parts": {}}
