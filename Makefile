@@ -33,6 +33,9 @@ NO_AMX := -mno-amx-tile -mno-amx-int8 -mno-amx-bf16
 # build would download it) and so is TLS: the bench talks to it on 127.0.0.1 only.
 LLAMA_SRC    := build/llama-src/llama_cpp_python-0.3.36/vendor/llama.cpp
 LLAMA_SERVER := $(BBIN)/llama-server
+# llama-batched-bench: llama.cpp's batched decode benchmark, the peer of the in-process
+# rows of `declattn bench throughput --parts inproc,llama-batched`; built in the same tree.
+LLAMA_BATCHED := $(BBIN)/llama-batched-bench
 
 .PHONY: demo test test-fast lint clean bench-env bench-peers
 
@@ -86,7 +89,11 @@ $(LLAMA_SERVER): $(BSTAMP)
 	cmake --build build/llama-server --target llama-server -j 2
 	cp build/llama-server/bin/llama-server $@
 
-bench-env: $(BSTAMP) $(LLAMA_SERVER)
+$(LLAMA_BATCHED): $(LLAMA_SERVER)
+	cmake --build build/llama-server --target llama-batched-bench -j 2
+	cp build/llama-server/bin/llama-batched-bench $@
+
+bench-env: $(BSTAMP) $(LLAMA_SERVER) $(LLAMA_BATCHED)
 
 bench-peers: $(STAMP) $(BSTAMP)
 	$(BIN)/declattn bench peers --llama-python $(BBIN)/python

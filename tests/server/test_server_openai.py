@@ -176,3 +176,20 @@ def test_metrics_count_what_was_served(server: Any, client: Any) -> None:
     assert after["declattn_kv_blocks_in_use"] == 0
     assert after["declattn_kv_blocks_free"] == after["declattn_kv_blocks_total"] == 512
     assert "# TYPE declattn_queue_depth gauge" in text
+
+
+def test_ignore_eos_writes_up_to_max_tokens(client: Any) -> None:
+    """``ignore_eos`` (vLLM's extension): the reply that stops by itself goes on to
+    max_tokens, streamed or not; a non-boolean value is refused."""
+    messages = [{"role": "user", "content": "Reply with the single word yes."}]
+    short = _chat(client, messages=messages, max_tokens=40)
+    assert short.choices[0].finish_reason == "stop" and short.usage.completion_tokens < 40
+    long = _chat(client, messages=messages, max_tokens=40, extra_body={"ignore_eos": True})
+    assert long.usage.completion_tokens == 40 and long.choices[0].finish_reason == "length"
+    assert long.choices[0].message.content.startswith(short.choices[0].message.content)
+    _, finish, usage, _ = _joined(_chat(client, messages=messages, max_tokens=40, stream=True,
+                                        stream_options={"include_usage": True},
+                                        extra_body={"ignore_eos": True}))
+    assert finish == "length" and usage.completion_tokens == 40
+    with pytest.raises(openai.BadRequestError, match="ignore_eos"):
+        _chat(client, messages=messages, extra_body={"ignore_eos": "sometimes"})

@@ -218,21 +218,6 @@ def measure(engine: Engine, context: int, n: int, cfg: InProcessConfig,
     return out
 
 
-def run_inprocess(engine: Engine, cfg: InProcessConfig,
-                  log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """Every context x concurrency of ``cfg``; one result each."""
-    say = log or (lambda _m: None)
-    probe = BandwidthProbe()
-    probe.sample()
-    probe.copies.clear()
-    probe.reads.clear()
-    results = []
-    for context in cfg.contexts:
-        for n in cfg.concurrency:
-            results.append(measure(engine, context, n, cfg, probe, say))
-    return results
-
-
 @dataclass(frozen=True)
 class BudgetConfig:
     """``streams`` requests decode at ``context`` tokens (synthetic K/V, forced output)

@@ -68,10 +68,13 @@ class HttpConfig:
         return asdict(self)
 
 
-def _messages(doc: str, da: bool) -> tuple[list[dict[str, str]], dict[str, Any] | None]:
+def _messages(doc: str, da: bool) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """One request's messages and extra body; ``ignore_eos`` (both servers take it) so that
+    every arm writes ``max_tokens`` tokens, whatever its reply would have been."""
     if da:
-        return [{"role": "user", "content": QUESTION}], {"declarative_attention": {"context": doc}}
-    return [{"role": "user", "content": f"{doc}\n\n{QUESTION}"}], None
+        return ([{"role": "user", "content": QUESTION}],
+                {"declarative_attention": {"context": doc}, "ignore_eos": True})
+    return [{"role": "user", "content": f"{doc}\n\n{QUESTION}"}], {"ignore_eos": True}
 
 
 def _server(arm: str, cfg: HttpConfig, gguf: Path, context: int, n: int) -> ServerProcess:

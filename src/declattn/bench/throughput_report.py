@@ -1,9 +1,12 @@
 """``declattn bench throughput``: arguments, the run of each part, tables and the JSON.
 
-Parts: ``inproc`` (the engine's batch API, ``throughput.py``), ``http`` (real servers,
-declattn against llama-server, ``throughput_http.py``), ``arrivals`` (streams while
-long prompts arrive: mixed steps against prefill-first) and ``budget`` (in process: the
-mixed step and the prompt's prefill rate per prefill budget). Measurements, never tests.
+Parts: ``inproc`` (the engine's batch API, ``throughput.py``), ``llama-batched``
+(llama.cpp's ``llama-batched-bench`` on the same GGUF, ``llama_batched.py``: with
+``inproc``, run after it for each context and N, so the two sit side by side), ``http``
+(real servers, declattn against llama-server, ``throughput_http.py``), ``arrivals``
+(streams while long prompts arrive: mixed steps against prefill-first) and ``budget``
+(in process: the mixed step and the prompt's prefill rate per prefill budget).
+Measurements, never tests.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 from rich.table import Table
 
-PARTS = ("inproc", "http", "arrivals", "budget")
+PARTS = ("inproc", "llama-batched", "http", "arrivals", "budget")
 
 
 def add_arguments(p: argparse.ArgumentParser, ints: Callable[[str], tuple[int, ...]]) -> None:
@@ -36,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser, ints: Callable[[str], tuple[int, .
     p.add_argument("--threads", type=int, default=None, help="threads (default: idle cores)")
     p.add_argument("--llama-server", default=".venv-bench/bin/llama-server",
                    help="http: the llama-server binary (make bench-env builds it)")
+    p.add_argument("--llama-batched-bench", default=".venv-bench/bin/llama-batched-bench",
+                   help="llama-batched: llama.cpp's batched decode benchmark (make bench-env)")
+    p.add_argument("--llama-fa", default="on,off",
+                   help="llama-batched: its flash-attention settings to run (on,off)")
     p.add_argument("--arrival-context", type=int, default=16384,
                    help="arrivals, budget: prompt tokens of each arriving request")
     p.add_argument("--arrivals", type=int, default=2, help="arrivals: requests that arrive")
@@ -74,15 +81,8 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     arms = tuple(a.strip() for a in args.arms.split(",")) if args.arms else None
     engine = Engine.from_pretrained(args.model)
     result: dict[str, Any] = {"model": args.model, "machine": machine_info(), "parts": {}}
-    if "inproc" in parts:
-        from declattn.bench.throughput import InProcessConfig, run_inprocess
-
-        icfg = InProcessConfig(args.contexts, args.concurrency,
-                               arms or (("vanilla", "da-focus", "da") if args.real_prefill
-                                        else ("vanilla", "da-focus")),
-                               steps=args.steps, real_prefill=args.real_prefill, seed=args.seed)
-        result["parts"]["inproc"] = {"config": icfg.to_dict(),
-                                     "rows": run_inprocess(engine, icfg, log)}
+    if "inproc" in parts or "llama-batched" in parts:
+        _batch_parts(args, parts, threads, engine, arms, result, log)
     if "http" in parts:
         from declattn.bench.throughput_http import HTTP_ARMS, HttpConfig, run_http
 
@@ -116,6 +116,42 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> dict[str, Any]:
     return result
 
 
+def _batch_parts(args: argparse.Namespace, parts: list[str], threads: int, engine: Any,
+                 arms: tuple[str, ...] | None, result: dict[str, Any],
+                 log: Callable[[str], None]) -> None:
+    """``inproc`` and ``llama-batched``, each context and N in turn, ours then llama.cpp's."""
+    from declattn.bench.llama_batched import BatchedConfig, run_batched
+    from declattn.bench.machine import BandwidthProbe
+    from declattn.bench.throughput import InProcessConfig, measure
+    from declattn.engine.registry import resolve_model
+
+    icfg = InProcessConfig(args.contexts, args.concurrency,
+                           arms or (("vanilla", "da-focus", "da") if args.real_prefill
+                                    else ("vanilla", "da-focus")),
+                           steps=args.steps, real_prefill=args.real_prefill, seed=args.seed)
+    lcfg = BatchedConfig(args.contexts, args.concurrency, args.steps, threads,
+                         tuple(f.strip() for f in args.llama_fa.split(",")),
+                         args.llama_batched_bench)
+    probe = BandwidthProbe()
+    probe.sample()  # a first sample warms the buffers: not counted
+    probe.copies.clear()
+    probe.reads.clear()
+    ours: list[dict[str, Any]] = []
+    theirs: list[dict[str, Any]] = []
+    for context in args.contexts:
+        for n in args.concurrency:
+            if "inproc" in parts:
+                ours.append(measure(engine, context, n, icfg, probe, log))
+            if "llama-batched" in parts:
+                one = BatchedConfig(**{**lcfg.to_dict(), "contexts": (context,),
+                                       "concurrency": (n,)})
+                theirs.extend(run_batched(one, resolve_model(args.model), log))
+    if "inproc" in parts:
+        result["parts"]["inproc"] = {"config": icfg.to_dict(), "rows": ours}
+    if "llama-batched" in parts:
+        result["parts"]["llama-batched"] = {"config": lcfg.to_dict(), "rows": theirs}
+
+
 def _f(value: Any, fmt: str = "{:.2f}") -> str:
     return "-" if value is None else fmt.format(value)
 
@@ -138,6 +174,23 @@ def tables(result: dict[str, Any]) -> list[Table]:
                           _f(a["read_bytes_per_s"] / 1e9, "{:.1f}"),
                           _f(a["read_share_of_probe"], "{:.0%}"),
                           _f(a["roofline_step_ms"], "{:.1f}"))
+        out.append(t)
+    if "llama-batched" in parts:
+        t = Table(title="llama-batched-bench (llama.cpp): aggregate decode tokens/s, N at once")
+        for col in ("context", "N", "arm", "tok/s", "step ms", "prefill s", "ours / best"):
+            t.add_column(col, justify="right")
+        ours = {(r["context"], r["n"]): r["arms"] for r in parts.get("inproc", {}).get("rows", [])}
+        best: dict[tuple[int, int], float] = {}
+        for row in parts["llama-batched"]["rows"]:
+            key = (row["context"], row["n"])
+            best[key] = max(best.get(key, 0.0), row["decode_tokens_per_second"])
+        for row in parts["llama-batched"]["rows"]:
+            key = (row["context"], row["n"])
+            ratio = ", ".join(f"{arm} {a['tokens_per_second'] / best[key]:.2f}x"
+                              for arm, a in ours.get(key, {}).items()) or "-"
+            t.add_row(f"{row['context']:,}", str(row["n"]), row["arm"],
+                      _f(row["decode_tokens_per_second"]), _f(row["step_ms"], "{:.1f}"),
+                      _f(row["prefill_seconds"], "{:.0f}"), ratio)
         out.append(t)
     if "http" in parts:
         t = Table(title="through HTTP: N streamed requests at once")

@@ -229,6 +229,7 @@ def _params(req: Any, max_tokens: int) -> SamplingParams:
             seed=req.seed,
             max_tokens=max_tokens,
             stop=_stop(req.stop),
+            ignore_eos=req.ignore_eos,
         )
     except ValueError as e:
         raise bad_request(str(e)) from e

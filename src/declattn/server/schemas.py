@@ -114,6 +114,10 @@ class _Sampling(BaseModel):
     stop: str | StopList | None = None
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     n: int | None = Field(None, ge=1, description="only 1 is supported")
+    ignore_eos: bool = Field(
+        False, description="write past the end-of-text token, up to max_tokens (vLLM's and "
+        "llama-server's extension: a benchmark's fixed reply length)",
+    )
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     timeout: float | None = Field(
