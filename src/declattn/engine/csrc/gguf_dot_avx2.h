@@ -10,6 +10,16 @@
 
 namespace gguf {
 
+// A kernel over ``rows`` rows ``row_bytes`` apart, as Format::dot takes them.
+using RowsDot = void (*)(const uint8_t*, int64_t, int64_t, const Q8Row&, int64_t, float*);
+
+// ``Row`` (one row's dot) over each of ``rows`` rows: a RowsDot.
+template <float (*Row)(const uint8_t*, const Q8Row&, int64_t)>
+void each_row(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x, int64_t nb,
+              float* out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = Row(w + r * row_bytes, x, nb);
+}
+
 // --- the same with AVX2 ----------------------------------------------------------------------
 //
 // Each block's dot product is integer work (u8 x s8 pairs, ``maddubs``). Codes stored with
@@ -170,16 +180,6 @@ void dot32(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x, in
   for (; r + B::rows <= rows; r += B::rows)
     rows32<B, B::rows>(w + r * row_bytes, row_bytes, x, nb, out + r);
   for (; r < rows; ++r) rows32<B, 1>(w + r * row_bytes, row_bytes, x, nb, out + r);
-}
-
-// A kernel over ``rows`` rows ``row_bytes`` apart, as Format::dot takes them.
-using RowsDot = void (*)(const uint8_t*, int64_t, int64_t, const Q8Row&, int64_t, float*);
-
-// ``Row`` (one row's dot) over each of ``rows`` rows: a RowsDot.
-template <float (*Row)(const uint8_t*, const Q8Row&, int64_t)>
-void each_row(const uint8_t* w, int64_t row_bytes, int64_t rows, const Q8Row& x, int64_t nb,
-              float* out) {
-  for (int64_t r = 0; r < rows; ++r) out[r] = Row(w + r * row_bytes, x, nb);
 }
 
 // ``rows`` rows from a tile start (a multiple of R rows into the matrix) of a layout
