@@ -83,3 +83,17 @@ def test_the_http_part_runs_a_real_server_on_the_threads_asked(tmp_path) -> None
     assert row["errors"] == [] and row["requests"] == 2
     assert row["completion_tokens"] == 6 and min(row["prompt_tokens"]) > 1000
     assert (tmp_path / "throughput.json").is_file()
+
+
+def test_real_prefills_leave_every_request_decoding_in_the_timed_steps(smol_tokenizer) -> None:
+    """With ``real_prefill`` the prompts prefill one after another; the timed steps still
+    carry all of them (each step reads both requests' KV, as with synthetic K/V)."""
+    config = kv_heavy_config(len(smol_tokenizer), 4096, layers=1, kv_heads=2, head_dim=32)
+    engine = engine_over(random_model(config, dtype=torch.float32), smol_tokenizer)
+    rows = {}
+    for real in (False, True):
+        cfg = InProcessConfig(contexts=(3000,), concurrency=(2,), arms=("vanilla",), warmup=1,
+                              steps=4, block=2, real_prefill=real)
+        rows[real] = measure(engine, 3000, 2, cfg, BandwidthProbe(1 << 20), lambda _m: None)
+    real, synthetic = (rows[x]["arms"]["vanilla"]["kv_bytes_per_step"] for x in (True, False))
+    assert real == pytest.approx(synthetic, rel=0.05)

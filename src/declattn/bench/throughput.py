@@ -126,7 +126,9 @@ def _arm(engine: Engine, arm: str, context: int, n: int, cfg: InProcessConfig,
             built.append((sess, ctl, n_tokens))
     longest = max(len(s.prompt_ids) + m for s, _, m in built)
     blocks = n * (-(-longest // cfg.block_size) + 2)
-    pool = engine.with_pool(blocks, prefix_caching=False)
+    # prefill-first: with real prefills, mixed steps would decode the first prompts' replies
+    # while the last ones prefill, and the timed steps would hold fewer than n requests
+    pool = engine.with_pool(blocks, prefix_caching=False, prefill_first=True)
     reqs = [pool.add(ctl, SamplingParams(max_tokens=m, ignore_eos=arm != "da"))
             for _, ctl, m in built]
     t0 = time.perf_counter()
