@@ -239,10 +239,10 @@ constexpr auto dot_q8_0_r16 = dot_groups<group16_q8_0, 16, dot32<BQ8_0>>;
 constexpr auto dot_q5_0_r16 = dot_groups<group16_q5_0, 16, dot32<BQ5_0>>;
 
 // A whole group of sixteen Q8_0 or Q5_0 rows dequantised straight from the group's layout
-// (no copy back to the file's layout first: moving Q5_0's codes bit by bit cost ~6x the
-// dequantising): row r into out + r * k, k = 32 nb, each value the file layout's
-// ``d * code`` (dequant_row), bit for bit. ``Codes`` gives one block's sixteen rows of 32
-// codes, offsets taken off.
+// (no copy back to the file's layout first: moving Q5_0's codes back bit by bit cost
+// several times the dequantising itself): row r into out + r * k, k = 32 nb, each value
+// the file layout's ``d * code`` (dequant_row), bit for bit. ``Codes`` gives one block's
+// sixteen rows of 32 codes, offsets taken off.
 template <void (*Codes)(const uint8_t*, int8_t (*)[32]), int64_t BlockBytes>
 inline void dequant_group16(const uint8_t* w, int64_t nb, float* out, int64_t k) {
   alignas(64) int8_t codes[16][32];
