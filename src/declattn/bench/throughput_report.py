@@ -19,6 +19,8 @@ from typing import Any
 
 from rich.table import Table
 
+from declattn.bench.llama_batched import BINARY as LLAMA_BATCHED
+
 PARTS = ("inproc", "llama-batched", "http", "arrivals", "budget")
 
 
@@ -39,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser, ints: Callable[[str], tuple[int, .
     p.add_argument("--threads", type=int, default=None, help="threads (default: idle cores)")
     p.add_argument("--llama-server", default=".venv-bench/bin/llama-server",
                    help="http: the llama-server binary (make bench-env builds it)")
-    p.add_argument("--llama-batched-bench", default=".venv-bench/bin/llama-batched-bench",
+    p.add_argument("--llama-batched-bench", default=LLAMA_BATCHED,
                    help="llama-batched: llama.cpp's batched decode benchmark (make bench-env)")
     p.add_argument("--llama-fa", default="on,off",
                    help="llama-batched: its flash-attention settings to run (on,off)")

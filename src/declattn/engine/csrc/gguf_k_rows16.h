@@ -90,66 +90,64 @@ inline void ungroup_q6_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, 
 // 15 and c + 64 ..) is finished and scaled before the next pair starts, so each row keeps
 // two sums live, not sixteen. Per row, each accumulator lane takes the same terms in the
 // same order as dot_q6_k's (half 0 before half 1, block after block).
-template <int R>
-inline void group16_q6_k_rows(const uint8_t* w, const Q8Row* x, int64_t nb, float* out) {
-  using namespace q6k16;
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
-  __m512 acc[R][8];  // acc[r][a]: lane a of dot_q6_k's accumulator, for each of sixteen rows
-  for (auto& row : acc)
-    for (__m512& a : row) a = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* g = w + kGroup * b;
-    const uint8_t* ahead = g + kRows16Ahead;
-    prefetch_block<kHigh>(g);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
-    for (int h = 0; h < 2; ++h)
-      for (int p = 0; p < 2; ++p)
-        for (int q = 0; q < 2; ++q) {  // groups 8h + 2p + q (low nibbles) and 4 on (high)
-          __m512i sums[R][2];
-          for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = _mm512_setzero_si512();
-          for (int s = 4 * q; s < 4 * q + 4; ++s) {
-            if (p == 0)
-              _mm_prefetch(reinterpret_cast<const char*>(ahead + kHigh + 64 * (8 * h + s)),
+struct Q6_KR16 {
+  template <int R>
+  static void rows(const uint8_t* w, const Q8Row* x, int64_t nb, float* out) {
+    using namespace q6k16;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
+    __m512 acc[R][8];  // acc[r][a]: lane a of dot_q6_k's accumulator, for each of sixteen rows
+    for (auto& row : acc)
+      for (__m512& a : row) a = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* g = w + kGroup * b;
+      const uint8_t* ahead = g + kRows16Ahead;
+      prefetch_block<kHigh>(g);
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
+      for (int h = 0; h < 2; ++h)
+        for (int p = 0; p < 2; ++p)
+          for (int q = 0; q < 2; ++q) {  // groups 8h + 2p + q (low nibbles) and 4 on (high)
+            __m512i sums[R][2];
+            for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = _mm512_setzero_si512();
+            for (int s = 4 * q; s < 4 * q + 4; ++s) {
+              if (p == 0)
+                _mm_prefetch(reinterpret_cast<const char*>(ahead + kHigh + 64 * (8 * h + s)),
+                             _MM_HINT_T0);
+              _mm_prefetch(reinterpret_cast<const char*>(ahead + kLow + 64 * (16 * h + 8 * p + s)),
                            _MM_HINT_T0);
-            _mm_prefetch(reinterpret_cast<const char*>(ahead + kLow + 64 * (16 * h + 8 * p + s)),
-                         _MM_HINT_T0);
-            const __m512i hb = _mm512_loadu_si512(g + kHigh + 64 * (8 * h + s));
-            const __m512i l = _mm512_loadu_si512(g + kLow + 64 * (16 * h + 8 * p + s));
-            const __m512i top_lo =
-                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * p), m2), 4);
-            const __m512i top_hi =
-                _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 4 + 2 * p), m2), 4);
-            const __m512i lo = _mm512_ternarylogic_epi32(l, m4, top_lo, 0xEA);  // (l & m4) | top
-            const __m512i hi =
-                _mm512_ternarylogic_epi32(_mm512_srli_epi16(l, 4), m4, top_hi, 0xEA);
-            const int col = 128 * h + 32 * p + 4 * s;  // lo's first column; hi's is 64 on
-            for (int r = 0; r < R; ++r) {
-              const int8_t* xq = x[r].q + 256 * b + col;
-              sums[r][0] = _mm512_dpbusd_epi32(sums[r][0], lo, x4(xq));
-              sums[r][1] = _mm512_dpbusd_epi32(sums[r][1], hi, x4(xq + 64));
+              const __m512i hb = _mm512_loadu_si512(g + kHigh + 64 * (8 * h + s));
+              const __m512i l = _mm512_loadu_si512(g + kLow + 64 * (16 * h + 8 * p + s));
+              const __m512i top_lo =
+                  _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 2 * p), m2), 4);
+              const __m512i top_hi =
+                  _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hb, 4 + 2 * p), m2), 4);
+              const __m512i lo = _mm512_ternarylogic_epi32(l, m4, top_lo, 0xEA);  // (l & m4) | top
+              const __m512i hi =
+                  _mm512_ternarylogic_epi32(_mm512_srli_epi16(l, 4), m4, top_hi, 0xEA);
+              const int col = 128 * h + 32 * p + 4 * s;  // lo's first column; hi's is 64 on
+              for (int r = 0; r < R; ++r) {
+                const int8_t* xq = x[r].q + 256 * b + col;
+                sums[r][0] = _mm512_dpbusd_epi32(sums[r][0], lo, x4(xq));
+                sums[r][1] = _mm512_dpbusd_epi32(sums[r][1], hi, x4(xq + 64));
+              }
+            }
+            for (int i = 0; i < 2; ++i) {
+              const int j = 8 * h + 2 * p + q + 4 * i, a = (j % 8) / 2 + 4 * (j % 2);
+              const __m512i sc = _mm512_cvtepi8_epi32(
+                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kScales + 16 * j)));
+              for (int r = 0; r < R; ++r) {
+                const __m512i off = _mm512_set1_epi32(x[r].bsum[16 * b + j] << 5);
+                const __m512i v = _mm512_mullo_epi32(_mm512_sub_epi32(sums[r][i], off), sc);
+                const __m512 dx = _mm512_mul_ps(d, _mm512_set1_ps(x[r].d[8 * b + j / 2]));
+                acc[r][a] = _mm512_fmadd_ps(dx, _mm512_cvtepi32_ps(v), acc[r][a]);
+              }
             }
           }
-          for (int i = 0; i < 2; ++i) {
-            const int j = 8 * h + 2 * p + q + 4 * i, a = (j % 8) / 2 + 4 * (j % 2);
-            const __m512i sc = _mm512_cvtepi8_epi32(
-                _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kScales + 16 * j)));
-            for (int r = 0; r < R; ++r) {
-              const __m512i v = _mm512_mullo_epi32(
-                  _mm512_sub_epi32(sums[r][i], _mm512_set1_epi32(x[r].bsum[16 * b + j] << 5)), sc);
-              const __m512 dx = _mm512_mul_ps(d, _mm512_set1_ps(x[r].d[8 * b + j / 2]));
-              acc[r][a] = _mm512_fmadd_ps(dx, _mm512_cvtepi32_ps(v), acc[r][a]);
-            }
-          }
-        }
+    }
+    for (int r = 0; r < R; ++r) store_lanes8(acc[r], out + 16 * r);
   }
-  for (int r = 0; r < R; ++r) store_lanes8(acc[r], out + 16 * r);
-}
+};
 
-inline void group16_q6_k(const uint8_t* w, const Q8Row& x, int64_t nb, float* out) {
-  group16_q6_k_rows<1>(w, &x, nb, out);
-}
-
-constexpr auto dot_q6_k_r16 = dot_groups<group16_q6_k, 16, each_row<dot_q6_k>>;
+constexpr auto dot_q6_k_r16 = dot_groups<group16_one<Q6_KR16>, 16, each_row<dot_q6_k>>;
 
 // --- Q4_K ----------------------------------------------------------------------------------
 //
@@ -203,71 +201,56 @@ inline __m512i q4_k_scale16(const __m512i* u, int j, bool mins) {
 // is loaded and split into nibbles once for the R rows, and each 64 columns' two sums are
 // scaled before the next 64 start. Per row, each accumulator lane takes dot_q4_k's terms
 // in its order.
-template <int R>
-inline void group16_q4_k_rows(const uint8_t* w, const Q8Row* x, int64_t nb, float* out) {
-  using namespace q4k16;
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  __m512 acc[R][8];  // acc[r][j]: lane j of dot_q4_k's accumulator (group j), sixteen rows
-  for (auto& row : acc)
-    for (__m512& a : row) a = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* g = w + kGroup * b;
-    prefetch_block<kCodes>(g);
-    const __m512i u[3] = {_mm512_loadu_si512(g + kWords), _mm512_loadu_si512(g + kWords + 64),
-                          _mm512_loadu_si512(g + kWords + 128)};
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
-    const __m512 dmin =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32)));
-    for (int c = 0; c < 4; ++c) {
-      __m512i sums[R][2];
-      for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = _mm512_setzero_si512();
-      for (int s = 0; s < 8; ++s) {
-        _mm_prefetch(reinterpret_cast<const char*>(g + kCodes + 64 * (8 * c + s) + kRows16Ahead),
-                     _MM_HINT_T0);
-        const __m512i v = _mm512_loadu_si512(g + kCodes + 64 * (8 * c + s));
-        const __m512i lo = _mm512_and_si512(v, m4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        for (int r = 0; r < R; ++r) {
-          const int8_t* xq = x[r].q + 256 * b + 64 * c + 4 * s;
-          sums[r][0] = _mm512_dpbusd_epi32(sums[r][0], lo, x4(xq));
-          sums[r][1] = _mm512_dpbusd_epi32(sums[r][1], hi, x4(xq + 32));
-        }
-      }
-      for (int i = 0; i < 2; ++i) {
-        const int j = 2 * c + i;
-        const __m512i sc = q4_k_scale16(u, j, false), mn = q4_k_scale16(u, j, true);
-        for (int r = 0; r < R; ++r) {
-          const __m512 dx = _mm512_set1_ps(x[r].d[8 * b + j]);
-          const __m512i main = _mm512_mullo_epi32(sums[r][i], sc);
-          acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(main), acc[r][j]);
-          const __m512i off = _mm512_mullo_epi32(_mm512_set1_epi32(x[r].isum[8 * b + j]), mn);
-          acc[r][j] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(off), acc[r][j]);
-        }
-      }
-    }
-  }
-  for (int r = 0; r < R; ++r) store_lanes8(acc[r], out + 16 * r);
-}
-
-inline void group16_q4_k(const uint8_t* w, const Q8Row& x, int64_t nb, float* out) {
-  group16_q4_k_rows<1>(w, &x, nb, out);
-}
-
-constexpr auto dot_q4_k_r16 = dot_groups<group16_q4_k, 16, each_row<dot_q4_k>>;
-
-struct Q6_KR16 {
-  template <int R>
-  static void rows(const uint8_t* w, const Q8Row* x, int64_t nb, float* out) {
-    group16_q6_k_rows<R>(w, x, nb, out);
-  }
-};
-
 struct Q4_KR16 {
   template <int R>
   static void rows(const uint8_t* w, const Q8Row* x, int64_t nb, float* out) {
-    group16_q4_k_rows<R>(w, x, nb, out);
+    using namespace q4k16;
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    __m512 acc[R][8];  // acc[r][j]: lane j of dot_q4_k's accumulator (group j), sixteen rows
+    for (auto& row : acc)
+      for (__m512& a : row) a = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const uint8_t* g = w + kGroup * b;
+      prefetch_block<kCodes>(g);
+      const __m512i u[3] = {_mm512_loadu_si512(g + kWords), _mm512_loadu_si512(g + kWords + 64),
+                            _mm512_loadu_si512(g + kWords + 128)};
+      const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g)));
+      const __m512 dmin =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + 32)));
+      for (int c = 0; c < 4; ++c) {
+        __m512i sums[R][2];
+        for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = _mm512_setzero_si512();
+        for (int s = 0; s < 8; ++s) {
+          _mm_prefetch(reinterpret_cast<const char*>(g + kCodes + 64 * (8 * c + s) + kRows16Ahead),
+                       _MM_HINT_T0);
+          const __m512i v = _mm512_loadu_si512(g + kCodes + 64 * (8 * c + s));
+          const __m512i lo = _mm512_and_si512(v, m4);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+          for (int r = 0; r < R; ++r) {
+            const int8_t* xq = x[r].q + 256 * b + 64 * c + 4 * s;
+            sums[r][0] = _mm512_dpbusd_epi32(sums[r][0], lo, x4(xq));
+            sums[r][1] = _mm512_dpbusd_epi32(sums[r][1], hi, x4(xq + 32));
+          }
+        }
+        for (int i = 0; i < 2; ++i) {
+          const int j = 2 * c + i;
+          const __m512i sc = q4_k_scale16(u, j, false), mn = q4_k_scale16(u, j, true);
+          for (int r = 0; r < R; ++r) {
+            const __m512 dx = _mm512_set1_ps(x[r].d[8 * b + j]);
+            const __m512i main = _mm512_mullo_epi32(sums[r][i], sc);
+            acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(main), acc[r][j]);
+            const __m512i off = _mm512_mullo_epi32(_mm512_set1_epi32(x[r].isum[8 * b + j]), mn);
+            acc[r][j] =
+                _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(off), acc[r][j]);
+          }
+        }
+      }
+    }
+    for (int r = 0; r < R; ++r) store_lanes8(acc[r], out + 16 * r);
   }
 };
+
+constexpr auto dot_q4_k_r16 = dot_groups<group16_one<Q4_KR16>, 16, each_row<dot_q4_k>>;
 
 constexpr auto batch_q6_k_r16 = group16_batch<Q6_KR16, 4>;
 constexpr auto batch_q4_k_r16 = group16_batch<Q4_KR16, 4>;

@@ -167,76 +167,89 @@ inline __m512 scale_add(const uint8_t* d, float xd, __m512i s, __m512 acc) {
   return _mm512_fmadd_ps(_mm512_mul_ps(dd, _mm512_set1_ps(xd)), _mm512_cvtepi32_ps(s), acc);
 }
 
+// A format's group kernel is ``Kernel::rows<R>``: one group of sixteen rows . R activation
+// rows -> out[R][16]. The one-row form the layouts' ``dot_groups`` takes:
+template <typename Kernel>
+inline void group16_one(const uint8_t* w, const Q8Row& x, int64_t nb, float* out) {
+  Kernel::template rows<1>(w, &x, nb, out);
+}
+
+// One group of sixteen rows . ``n`` activation rows -> out[n][16]: ``R`` rows at a time,
+// then the rest by halves. ``Kernel::rows<R>`` is a format's group kernel for R rows; the
+// largest R pays where its accumulators still fit the 32 vector registers (Q8_0: 4 rows,
+// Q5_0: 8, whose unpacking is shared by more rows; both measured against the next size).
+template <typename Kernel, int R>
+inline void group16_batch(const uint8_t* w, const Q8Row* x, int64_t n, int64_t nb, float* out) {
+  for (; n >= R; n -= R, x += R, out += 16 * R) Kernel::template rows<R>(w, x, nb, out);
+  if constexpr (R > 1) group16_batch<Kernel, R / 2>(w, x, n, nb, out);
+}
+
 // One group of sixteen Q8_0 rows . ``R`` activation rows -> out[R][16]. Each code vector
 // is loaded once for the R rows, so a batch of decode rows reads a group's codes once from
 // cache instead of R times, and each row's work is the one-row kernel's in its order.
-template <int R>
-inline void group16_q8_0_rows(const uint8_t* w, const Q8Row* x, int64_t nb, float* out) {
-  const uint8_t* qs = w + 32 * nb;
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b, qs += 512) {
-    prefetch_block<512>(qs);
-    __m512i s[R][2];
-    for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = _mm512_setzero_si512();
-    for (int j = 0; j < 8; ++j) {
-      const __m512i v = _mm512_loadu_si512(qs + 64 * j);
-      for (int r = 0; r < R; ++r)
-        s[r][j % 2] = _mm512_dpbusd_epi32(s[r][j % 2], v, x4(x[r].q + 32 * b + 4 * j));
+struct Q8_0R16 {
+  template <int R>
+  static void rows(const uint8_t* w, const Q8Row* x, int64_t nb, float* out) {
+    const uint8_t* qs = w + 32 * nb;
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b, qs += 512) {
+      prefetch_block<512>(qs);
+      __m512i s[R][2];
+      for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) {
+        const __m512i v = _mm512_loadu_si512(qs + 64 * j);
+        for (int r = 0; r < R; ++r)
+          s[r][j % 2] = _mm512_dpbusd_epi32(s[r][j % 2], v, x4(x[r].q + 32 * b + 4 * j));
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(s[r][0], s[r][1]),
+                                             _mm512_set1_epi32(128 * x[r].isum[b]));
+        acc[r] = scale_add(w + 32 * b, x[r].d[b], sum, acc[r]);
+      }
     }
-    for (int r = 0; r < R; ++r) {
-      const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(s[r][0], s[r][1]),
-                                           _mm512_set1_epi32(128 * x[r].isum[b]));
-      acc[r] = scale_add(w + 32 * b, x[r].d[b], sum, acc[r]);
-    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + 16 * r, acc[r]);
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + 16 * r, acc[r]);
-}
+};
 
 // One group of sixteen Q5_0 rows . ``R`` activation rows -> out[R][16]: each chunk's codes
 // are unpacked once for the R rows (the unpacking, not the loads, bounds this format).
-template <int R>
-inline void group16_q5_0_rows(const uint8_t* w, const Q8Row* x, int64_t nb, float* out) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
-  const uint8_t* hb = w + 32 * nb;
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b, hb += 320) {
-    prefetch_block<320>(hb);
-    __m512i s[R][2];
-    for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = _mm512_setzero_si512();
-    for (int c = 0; c < 4; ++c) {
-      uint64_t bits[2];
-      std::memcpy(bits, hb + 16 * c, 16);
-      const __m512i v = _mm512_loadu_si512(hb + 64 + 64 * c);
-      __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-      lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(bits[0]), lo, m10);
-      hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(bits[1]), hi, m10);
+struct Q5_0R16 {
+  template <int R>
+  static void rows(const uint8_t* w, const Q8Row* x, int64_t nb, float* out) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+    const uint8_t* hb = w + 32 * nb;
+    __m512 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b, hb += 320) {
+      prefetch_block<320>(hb);
+      __m512i s[R][2];
+      for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = _mm512_setzero_si512();
+      for (int c = 0; c < 4; ++c) {
+        uint64_t bits[2];
+        std::memcpy(bits, hb + 16 * c, 16);
+        const __m512i v = _mm512_loadu_si512(hb + 64 + 64 * c);
+        __m512i lo = _mm512_and_si512(v, m4), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        lo = _mm512_mask_add_epi8(lo, _cvtu64_mask64(bits[0]), lo, m10);
+        hi = _mm512_mask_add_epi8(hi, _cvtu64_mask64(bits[1]), hi, m10);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* xb = x[r].q + 32 * b + 8 * c;
+          s[r][0] = _mm512_dpbusd_epi32(s[r][0], lo, x4(xb));
+          s[r][1] = _mm512_dpbusd_epi32(s[r][1], hi, x4(xb + 4));
+        }
+      }
       for (int r = 0; r < R; ++r) {
-        const int8_t* xb = x[r].q + 32 * b + 8 * c;
-        s[r][0] = _mm512_dpbusd_epi32(s[r][0], lo, x4(xb));
-        s[r][1] = _mm512_dpbusd_epi32(s[r][1], hi, x4(xb + 4));
+        const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(s[r][0], s[r][1]),
+                                             _mm512_set1_epi32(16 * x[r].isum[b]));
+        acc[r] = scale_add(w + 32 * b, x[r].d[b], sum, acc[r]);
       }
     }
-    for (int r = 0; r < R; ++r) {
-      const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(s[r][0], s[r][1]),
-                                           _mm512_set1_epi32(16 * x[r].isum[b]));
-      acc[r] = scale_add(w + 32 * b, x[r].d[b], sum, acc[r]);
-    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + 16 * r, acc[r]);
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + 16 * r, acc[r]);
-}
+};
 
-inline void group16_q8_0(const uint8_t* w, const Q8Row& x, int64_t nb, float* out) {
-  group16_q8_0_rows<1>(w, &x, nb, out);
-}
-
-inline void group16_q5_0(const uint8_t* w, const Q8Row& x, int64_t nb, float* out) {
-  group16_q5_0_rows<1>(w, &x, nb, out);
-}
-
-constexpr auto dot_q8_0_r16 = dot_groups<group16_q8_0, 16, dot32<BQ8_0>>;
-constexpr auto dot_q5_0_r16 = dot_groups<group16_q5_0, 16, dot32<BQ5_0>>;
+constexpr auto dot_q8_0_r16 = dot_groups<group16_one<Q8_0R16>, 16, dot32<BQ8_0>>;
+constexpr auto dot_q5_0_r16 = dot_groups<group16_one<Q5_0R16>, 16, dot32<BQ5_0>>;
 
 // A whole group of sixteen Q8_0 or Q5_0 rows dequantised straight from the group's layout
 // (no copy back to the file's layout first: moving Q5_0's codes back bit by bit cost
@@ -291,30 +304,6 @@ inline void codes16_q5_0(const uint8_t* hb, int8_t (*codes)[32]) {
 
 constexpr auto dequant_q8_0_r16 = dequant_group16<codes16_q8_0, 512>;
 constexpr auto dequant_q5_0_r16 = dequant_group16<codes16_q5_0, 320>;
-
-// One group of sixteen rows . ``n`` activation rows -> out[n][16]: ``R`` rows at a time,
-// then the rest by halves. ``Kernel::rows<R>`` is a format's group kernel for R rows; the
-// largest R pays where its accumulators still fit the 32 vector registers (Q8_0: 4 rows,
-// Q5_0: 8, whose unpacking is shared by more rows; both measured against the next size).
-template <typename Kernel, int R>
-inline void group16_batch(const uint8_t* w, const Q8Row* x, int64_t n, int64_t nb, float* out) {
-  for (; n >= R; n -= R, x += R, out += 16 * R) Kernel::template rows<R>(w, x, nb, out);
-  if constexpr (R > 1) group16_batch<Kernel, R / 2>(w, x, n, nb, out);
-}
-
-struct Q8_0R16 {
-  template <int R>
-  static void rows(const uint8_t* w, const Q8Row* x, int64_t nb, float* out) {
-    group16_q8_0_rows<R>(w, x, nb, out);
-  }
-};
-
-struct Q5_0R16 {
-  template <int R>
-  static void rows(const uint8_t* w, const Q8Row* x, int64_t nb, float* out) {
-    group16_q5_0_rows<R>(w, x, nb, out);
-  }
-};
 
 constexpr auto batch_q8_0_r16 = group16_batch<Q8_0R16, 4>;
 constexpr auto batch_q5_0_r16 = group16_batch<Q5_0R16, 8>;
