@@ -158,3 +158,20 @@ def test_live_accounting_equals_replay_under_the_scaffold_rule(engine):
     plain = replay(sess.layout, seq.token_texts, block_size=engine.block_size,
                    chunk_texts=texts)
     assert plain.totals()["logical"] > rep.totals()["logical"]  # the rule reads less
+
+
+def test_an_economy_reply_opens_with_a_tag(engine):
+    """``open_tag``: the first token, sampled from the prefill's logits, begins a tag even
+    where the model's own first choice (random weights here) is anything else."""
+    def first_token(open_tag: bool) -> str:
+        options = DAOptions.economy(target=96, cap=128, min_context=0, open_tag=open_tag)
+        sess = engine.session(CONTEXT, QUESTION, da=True, options=options)
+        seq = engine.add(sess, SamplingParams(max_tokens=3, ignore_eos=True))
+        for _ in engine.run(seq):
+            pass
+        return seq.token_texts[0]
+
+    free, opened = first_token(False), first_token(True)
+    assert not free.startswith("<")  # so the constraint below is what made the difference
+    assert opened.startswith("<") and any(
+        tag.startswith(opened) for tag in ('<focus find="', "<global>", "<local>", "<answer>"))

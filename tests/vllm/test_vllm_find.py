@@ -183,3 +183,28 @@ def test_the_find_constraint_masks_the_logits_as_our_engines_session_does(
     assert 0 < allowed < len(smol_tokenizer) // 100 and masked_steps >= 3
     # the focus-id constraint is not on for a find request (DASession's rule)
     assert len(tracker.state.constraints) == len(sess.constraints) == 1
+
+
+def test_the_opening_constraint_masks_the_first_row_as_our_engines_session_does(
+    smol_tokenizer,
+) -> None:
+    """``open_tag`` travels to the tracker: its first row keeps only the tokens that
+    begin a tag, the same row our session keeps; the second row is left alone."""
+    options = DAOptions(target=96, cap=128, focus="find", open_tag=True)
+    req = build_request(CONTEXT, QUESTION, smol_tokenizer, options)
+    sess = DASession(smol_tokenizer, CONTEXT, QUESTION, options, BLOCK)
+    live: list[int] = []
+    tracker = RequestTracker(req.spec, live, smol_tokenizer)
+    assert tracker.edits_logits
+    gen = torch.Generator().manual_seed(0)
+    row = torch.randn(len(smol_tokenizer), generator=gen)
+    ours, theirs = tracker.process_logits(row.clone()), sess.process_logits(row.clone())
+    assert torch.equal(ours, theirs)
+    kept = torch.isfinite(ours).nonzero().flatten().tolist()
+    assert 0 < len(kept) < 1000
+    assert all(smol_tokenizer.decode([i]).startswith("<") for i in kept)
+    token = smol_tokenizer.encode("<", add_special_tokens=False)[0]
+    live.append(token)
+    sess.on_token(token, "<")
+    row = torch.randn(len(smol_tokenizer), generator=gen)
+    assert torch.equal(tracker.process_logits(row.clone()), row)

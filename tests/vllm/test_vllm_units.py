@@ -241,7 +241,8 @@ def test_the_scaffold_rule_travels_and_jump_forward_is_said_to_be_absent(
     o = DAOptions.economy(target=96, cap=128)
     with pytest.warns(UserWarning, match="jump-forward is not available through vLLM"):
         req = build_request(CONTEXT, QUESTION, smol_tokenizer, o)
-    assert req.spec.scaffold_local and parse(req.spec.to_args()) == req.spec
+    assert req.spec.scaffold_local and req.spec.open_tag
+    assert parse(req.spec.to_args()) == req.spec
     quiet = DAOptions.economy(target=96, cap=128, jump_forward=False)
     import warnings
 

@@ -25,6 +25,7 @@ from declattn.api.results import Answer, Delta, Stats
 from declattn.api.session import DASession, PlainSession, Session
 from declattn.da.constrain import FocusVocab, VocabCache
 from declattn.da.constrain_find import FindVocab
+from declattn.da.constrain_open import OpeningVocab
 from declattn.da.gate import CLASSIC_SHAPE, ECONOMY_SHAPE, ReplyCost, expected_cost
 from declattn.da.options import DAOptions, model_da_defaults
 from declattn.engine.controller import Controller
@@ -130,6 +131,7 @@ class Engine:
         self.da_defaults = model_da_defaults(loaded.weights_dir)
         self.focus_vocabs = VocabCache()
         self.find_vocabs = VocabCache(FindVocab.from_tokenizer)
+        self.opening_vocabs = VocabCache(OpeningVocab.from_tokenizer)
 
     @classmethod
     def from_pretrained(
@@ -346,6 +348,7 @@ class Engine:
                 max_tokens=max_tokens,
                 focus_vocab=focus,
                 find_vocab=find,
+                opening_vocab=self._opening_vocab(options),
                 history=history,
                 chunks=chunks,
             )
@@ -432,7 +435,7 @@ class Engine:
         focus, find = self._vocabs(options)
         return DASession.over(
             self.tokenizer, rendered, chunks, options, self.block_size, max_tokens=max_tokens,
-            focus_vocab=focus, find_vocab=find,
+            focus_vocab=focus, find_vocab=find, opening_vocab=self._opening_vocab(options),
         )
 
     def _vocabs(self, options: DAOptions) -> tuple[FocusVocab | None, FindVocab | None]:
@@ -442,6 +445,10 @@ class Engine:
         ids = self.focus_vocabs.get(self.tokenizer) if options.focus != "find" else None
         find = self.find_vocabs.get(self.tokenizer) if options.focus != "ids" else None
         return ids, find
+
+    def _opening_vocab(self, options: DAOptions) -> OpeningVocab | None:
+        """The tokens a reply may open with, where ``options`` asks that it open with a tag."""
+        return self.opening_vocabs.get(self.tokenizer) if options.open_tag else None
 
     def open(self, context: str, options: DAOptions | None = None) -> Document:
         """A handle for asking ``context`` many questions: it is cut into magic chunks

@@ -16,10 +16,11 @@ from declattn.api.constrained import constrain
 from declattn.da.accounting import Accounting, StepRecord
 from declattn.da.constrain import FocusVocab, TokenConstraint
 from declattn.da.constrain_find import FindVocab
+from declattn.da.constrain_open import OpeningVocab
 from declattn.da.options import DAOptions
 from declattn.da.runaway import RunawayGuard
 from declattn.da.scope import DEFAULT_BLOCK_SIZE, Scope, StepCount
-from declattn.da.state import DAState
+from declattn.da.state import HEADS, DAState
 from declattn.engine.controller import Controller, ForcedTokens
 from declattn.protocol.answer import answer_of
 from declattn.protocol.instruction import PLAIN_INSTRUCTION
@@ -150,6 +151,7 @@ class DASession(Session):
         history: Sequence[tuple[str, str]] = (),
         chunks: Sequence[Chunk] | None = None,
         find_vocab: FindVocab | None = None,
+        opening_vocab: OpeningVocab | None = None,
     ) -> None:
         """``history``: earlier ``(question, reply)`` turns of a conversation over the
         same context, rendered before ``question`` and read by every mode. ``chunks``:
@@ -162,7 +164,8 @@ class DASession(Session):
             tokenizer, chunks, question, sink=o.sink, style=o.style,
             instruction=o.instruction_for(chunks, tokenizer), history=history,
         )
-        self._start(tokenizer, prompt, chunks, o, block_size, max_tokens, focus_vocab, find_vocab)
+        self._start(tokenizer, prompt, chunks, o, block_size, max_tokens, focus_vocab, find_vocab,
+                    opening_vocab)
 
     @classmethod
     def over(
@@ -176,6 +179,7 @@ class DASession(Session):
         max_tokens: int | None = None,
         focus_vocab: FocusVocab | None = None,
         find_vocab: FindVocab | None = None,
+        opening_vocab: OpeningVocab | None = None,
     ) -> DASession:
         """A session over a prompt rendered elsewhere: a chat whose own messages are the
         magic chunks (``protocol/messages.py``), with ``chunks`` in layout order."""
@@ -183,7 +187,7 @@ class DASession(Session):
             raise ValueError(f"{len(chunks)} chunks for a layout of {prompt.layout.n_chunks}")
         sess = cls.__new__(cls)
         sess._start(tokenizer, prompt, chunks, options or DAOptions(), block_size, max_tokens,
-                    focus_vocab, find_vocab)
+                    focus_vocab, find_vocab, opening_vocab)
         return sess
 
     def _start(
@@ -196,6 +200,7 @@ class DASession(Session):
         max_tokens: int | None,
         focus_vocab: FocusVocab | None,
         find_vocab: FindVocab | None = None,
+        opening_vocab: OpeningVocab | None = None,
     ) -> None:
         self.options = o = options
         if not o.masking:
@@ -205,11 +210,16 @@ class DASession(Session):
         super().__init__(prompt.token_ids, block_size)
         ids_on = bool(o.constrain) and o.focus in ("ids", "both")
         find_on = bool(o.constrain) and o.focus in ("find", "both")
+        opening = None
+        if o.open_tag:
+            vocab = opening_vocab or OpeningVocab.from_tokenizer(tokenizer)
+            opening = vocab.ids_for(HEADS[o.focus])
         self.state = DAState(
             prompt.layout, [c.text for c in self.chunks], line_start=o.line_start,
             scaffold_local=o.scaffold_local, focus_form=o.focus,
             focus_vocab=(focus_vocab or FocusVocab.from_tokenizer(tokenizer)) if ids_on else None,
             find_vocab=(find_vocab or FindVocab.from_tokenizer(tokenizer)) if find_on else None,
+            opening_ids=opening,
             runaway=RunawayGuard(max_tokens=max_tokens) if o.runaway else None,
             end_ids=tokenizer.all_special_ids if o.require_answer else (),
         )

@@ -163,7 +163,8 @@ def add_focus_args(parser: Any) -> None:
     parser.add_argument(
         "--economy", action="store_true",
         help="the economical protocol (DAOptions.economy): a find focus with the answer "
-        "written inside it, scaffold steps read as local, forced tag text in one forward",
+        "written inside it, scaffold steps read as local, forced tag text in one forward, "
+        "a reply that opens with a tag",
     )
     parser.add_argument(
         "--min-context", type=int, default=None, metavar="TOKENS",

@@ -40,6 +40,8 @@ class DAOptions:
     (the rest of a tag once it is decided) is appended in one forward instead of one
     decode step a token (``DAState.forced_text``). ``require_answer``: a response that has
     written a tag may not end (a special token) before it has opened an ``<answer>``.
+    ``open_tag``: the response's first token must begin a tag (``constrain_open.py``), so
+    a reply cannot start in prose and read everything.
     """
 
     target: int = 2048
@@ -57,6 +59,7 @@ class DAOptions:
     scaffold_local: bool = False
     jump_forward: bool = False
     require_answer: bool = False
+    open_tag: bool = False
 
     def __post_init__(self) -> None:
         if self.focus not in FOCUS_FORMS:
@@ -68,11 +71,12 @@ class DAOptions:
     def economy(cls, **changes: Any) -> DAOptions:
         """The economical protocol (docs/protocol.md): a find focus with the answer
         written inside it (``ECONOMY_INSTRUCTION``), the find constraint, scaffold steps
-        read as local, forced tag text appended in one forward, and no end before an
-        answer."""
+        read as local, forced tag text appended in one forward, no end before an answer,
+        and a reply that opens with a tag."""
         base: dict[str, Any] = {
             "focus": "find", "instruction": ECONOMY_INSTRUCTION, "constrain": True,
             "scaffold_local": True, "jump_forward": True, "require_answer": True,
+            "open_tag": True,
         }
         return cls(**{**base, **changes})
 

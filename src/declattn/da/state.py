@@ -36,6 +36,7 @@ from collections.abc import Sequence
 
 from declattn.da.constrain import FocusConstraint, FocusVocab, TokenConstraint
 from declattn.da.constrain_find import FindConstraint, FindVocab
+from declattn.da.constrain_open import OpeningConstraint
 from declattn.da.runaway import RunawayGuard
 from declattn.da.scope import Scope
 from declattn.protocol.find import PhraseFinder
@@ -87,8 +88,10 @@ class DAState:
     ``chunk_texts`` lets find focus resolve (without them every find is declined);
     ``focus_vocab`` / ``find_vocab`` turn on the matching logits constraint;
     ``focus_form`` (``ids``, ``find``, ``both``) is what the instruction taught, for the
-    fixed text of a focus head; ``runaway`` stops a looping response; ``end_ids`` (the
-    tokenizer's special tokens) may not end the response before an ``<answer>`` is open.
+    fixed text of a focus head; ``opening_ids`` (``OpeningVocab.ids_for``), where given,
+    are the only tokens the response may start with (it opens with a tag); ``runaway``
+    stops a looping response; ``end_ids`` (the tokenizer's special tokens) may not end the
+    response before an ``<answer>`` is open.
     """
 
     def __init__(
@@ -101,6 +104,7 @@ class DAState:
         focus_form: str = "ids",
         focus_vocab: FocusVocab | None = None,
         find_vocab: FindVocab | None = None,
+        opening_ids: Sequence[int] | None = None,
         runaway: RunawayGuard | None = None,
         end_ids: Sequence[int] = (),
     ) -> None:
@@ -120,6 +124,9 @@ class DAState:
             find = FindConstraint(find_vocab, self.finder)
             find.prepare()  # its index is built now, not on the first step inside a tag
             self.constraints.append(find)
+        self.opening = OpeningConstraint(opening_ids) if opening_ids is not None else None
+        if self.opening is not None:
+            self.constraints.append(self.opening)
         self.runaway = runaway
         self.end_ids = tuple(end_ids)
         self.text = ""
@@ -131,6 +138,8 @@ class DAState:
         at an accepted ``</answer>``, or the runaway guard's)."""
         self.text += text
         self.n_tokens += 1
+        if self.opening is not None:
+            self.opening.written = True
         done = None
         for d in self.reader.feed(text):
             if d.kind.startswith("/"):

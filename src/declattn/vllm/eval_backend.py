@@ -167,6 +167,7 @@ class _Run:
                  served: Any = None) -> None:
         from declattn.da.constrain import VocabCache
         from declattn.da.constrain_find import FindVocab
+        from declattn.da.constrain_open import OpeningVocab
 
         self.spec = spec
         self.block_size = block_size
@@ -177,6 +178,7 @@ class _Run:
         self.settings: dict[str, Any] | None = None  # what vLLM was started with, if here
         self.vocabs = VocabCache()
         self.find_vocabs = VocabCache(FindVocab.from_tokenizer)
+        self.opening_vocabs = VocabCache(OpeningVocab.from_tokenizer)
 
     def load(self) -> None:
         from declattn.eval.tasks import TaskData
@@ -263,7 +265,8 @@ def _prepare(key: str, index: int, arm: str, sample: Any, tok: Any, settings: An
         sess = DASession(tok, sample.context, question, options, block_size,
                          max_tokens=settings.max_tokens,
                          focus_vocab=run.vocabs.get(tok) if ids_on else None,
-                         find_vocab=run.find_vocabs.get(tok) if find_on else None)
+                         find_vocab=run.find_vocabs.get(tok) if find_on else None,
+                         opening_vocab=run.opening_vocabs.get(tok) if options.open_tag else None)
         req = session_request(sess, label=key)
         params = req.sampling_params(max_tokens=settings.max_tokens)
         return _Pending(key, index, arm, sample, sess, req.prompt(), params)

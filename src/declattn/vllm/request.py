@@ -85,7 +85,8 @@ def session_request(sess: DASession, *, label: str | None = None) -> VllmDAReque
     warn_no_jump_forward(o)
     spec = DASpec(layout=sess.layout, line_start=o.line_start, masking=o.masking,
                   constrain=bool(o.constrain), label=label, focus=o.focus,
-                  scaffold_local=o.scaffold_local, require_answer=o.require_answer)
+                  scaffold_local=o.scaffold_local, require_answer=o.require_answer,
+                  open_tag=o.open_tag)
     return VllmDARequest(rendered=sess.prompt, chunks=tuple(sess.chunks), spec=spec)
 
 
@@ -126,6 +127,7 @@ def build_request(
         focus=o.focus,
         scaffold_local=o.scaffold_local,
         require_answer=o.require_answer,
+        open_tag=o.open_tag,
     )
     return VllmDARequest(rendered=rendered, chunks=tuple(chunks), spec=spec)
 

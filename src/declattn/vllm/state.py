@@ -21,6 +21,7 @@ from typing import Any
 
 from declattn.da.constrain import VocabCache
 from declattn.da.constrain_find import FindVocab
+from declattn.da.constrain_open import OpeningVocab
 from declattn.vllm import support
 from declattn.vllm.streaming import StreamingTracker
 from declattn.vllm.tracker import ReadRecord, RequestTracker, Tracker, chunk_ids_of
@@ -108,6 +109,7 @@ class DAState:
         self._tokenizer: Any = None
         self._vocabs = VocabCache()
         self._find_vocabs = VocabCache(FindVocab.from_tokenizer)
+        self._opening_vocabs = VocabCache(OpeningVocab.from_tokenizer)
 
     # -- requests ------------------------------------------------------------------
     def add(self, key: int, spec: DASpec | StreamingSpec, output_ids: Any,
@@ -126,6 +128,7 @@ class DAState:
                 spec, output_ids, tok,
                 vocab=self._vocabs.get(tok) if ids_on else None,
                 find_vocab=self._find_vocabs.get(tok) if find_on else None,
+                opening_vocab=self._opening_vocabs.get(tok) if spec.open_tag else None,
                 chunk_ids=chunk_ids_of(prompt_ids, spec.layout),
             )
         self.rows[key] = tracker

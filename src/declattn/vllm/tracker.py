@@ -35,8 +35,9 @@ from torch import Tensor
 from declattn.api.constrained import constrain
 from declattn.da.constrain import FocusVocab
 from declattn.da.constrain_find import FindVocab
+from declattn.da.constrain_open import OpeningVocab
 from declattn.da.scope import Scope
-from declattn.da.state import DAState
+from declattn.da.state import HEADS, DAState
 from declattn.engine.detok import Detokenizer
 from declattn.protocol.layout import Layout
 from declattn.protocol.tags import TagReader
@@ -156,14 +157,16 @@ def chunk_ids_of(prompt_ids: Sequence[int] | None, layout: Layout) -> list[list[
 class RequestTracker(Tracker):
     """A DA request's protocol state, kept in step with vLLM's output list.
 
-    ``vocab`` / ``find_vocab``: the served tokenizer's constraint tables, where the spec
-    turns that constraint on. ``chunk_ids``: the prompt's chunk spans, to rebuild the
-    chunk texts find phrases are looked up in; a runner that hands them over later sets
-    them before the first token (``give_chunks``). Without them, every find is declined
-    (``find, but the reader has no chunk texts``), as a reader without texts does."""
+    ``vocab`` / ``find_vocab`` / ``opening_vocab``: the served tokenizer's constraint
+    tables, where the spec turns that constraint on. ``chunk_ids``: the prompt's chunk
+    spans, to rebuild the chunk texts find phrases are looked up in; a runner that hands
+    them over later sets them before the first token (``give_chunks``). Without them,
+    every find is declined (``find, but the reader has no chunk texts``), as a reader
+    without texts does."""
 
     def __init__(self, spec: DASpec, output_ids: Sequence[int], tokenizer: Any,
                  vocab: FocusVocab | None = None, find_vocab: FindVocab | None = None,
+                 opening_vocab: OpeningVocab | None = None,
                  chunk_ids: Sequence[Sequence[int]] | None = None) -> None:
         super().__init__(spec.label, spec.masking, spec.layout.prompt_len)
         self.spec = spec
@@ -171,6 +174,7 @@ class RequestTracker(Tracker):
         self.tokenizer = tokenizer
         self.vocab = vocab
         self.find_vocab = find_vocab
+        self.opening_vocab = opening_vocab
         self.chunk_ids = chunk_ids
         self.detok = Detokenizer(tokenizer)
         self.fed = 0
@@ -204,9 +208,16 @@ class RequestTracker(Tracker):
                 scaffold_local=spec.scaffold_local, focus_form=spec.focus,
                 focus_vocab=self.vocab if ids_on else None,
                 find_vocab=self.find_vocab if find_on else None,
+                opening_ids=self._opening_ids(),
                 end_ids=self.tokenizer.all_special_ids if spec.require_answer else (),
             )
         return self._state
+
+    def _opening_ids(self) -> tuple[int, ...] | None:
+        if not self.spec.open_tag:
+            return None
+        vocab = self.opening_vocab or OpeningVocab.from_tokenizer(self.tokenizer)
+        return vocab.ids_for(HEADS[self.spec.focus])
 
     @property
     def reader(self) -> TagReader:
@@ -252,7 +263,7 @@ class RequestTracker(Tracker):
     @property
     def edits_logits(self) -> bool:
         spec = self.spec
-        return bool(spec.force) or spec.require_answer or any(spec.constraints())
+        return bool(spec.force) or spec.require_answer or spec.open_tag or any(spec.constraints())
 
     def process_logits(self, row: Tensor) -> Tensor:
         """Forced tokens first (teacher forcing), else the spec's constraints."""

@@ -40,12 +40,13 @@ CONSTRAIN = "da_constrain"  # 0 or 1: the focus-id constraint on the logits
 FOCUS = "da_focus"  # "ids", "find" or "both": which focus constraint(s) da_constrain sets
 SCAFFOLD = "da_scaffold"  # 0 or 1: steps writing protocol text read as local (DAOptions)
 ANSWER = "da_require_answer"  # 0 or 1: no end of the response before an <answer>
+OPEN = "da_open_tag"  # 0 or 1: the response's first token begins a tag
 FORCE = "da_force"  # token ids the response must start with (teacher forcing)
 LABEL = "da_label"  # a name for the request in the engine core's read log
 STREAMING = "da_streaming"  # a StreamingLLM request: blocks read per decode step
 
 KEYS = (PROMPT_LEN, SINK, QUESTION, CHUNKS, LINE_START, MASKING, CONSTRAIN, FOCUS, SCAFFOLD,
-        ANSWER, FORCE, LABEL, STREAMING)
+        ANSWER, OPEN, FORCE, LABEL, STREAMING)
 
 
 class BadDAArgs(ValueError):
@@ -65,6 +66,7 @@ class DASpec:
     focus: str = "ids"
     scaffold_local: bool = False
     require_answer: bool = False
+    open_tag: bool = False
 
     def __post_init__(self) -> None:
         if self.focus not in FOCUS_FORMS:
@@ -94,6 +96,7 @@ class DASpec:
             FOCUS: self.focus,
             SCAFFOLD: int(self.scaffold_local),
             ANSWER: int(self.require_answer),
+            OPEN: int(self.open_tag),
         }
         if self.force:
             args[FORCE] = list(self.force)
@@ -199,6 +202,7 @@ def parse(extra_args: Mapping[str, Any] | None) -> DASpec | StreamingSpec | None
             focus=str(extra_args.get(FOCUS, "ids")),
             scaffold_local=_flag(extra_args, SCAFFOLD, False),
             require_answer=_flag(extra_args, ANSWER, False),
+            open_tag=_flag(extra_args, OPEN, False),
         )
     except BadDAArgs:
         raise
