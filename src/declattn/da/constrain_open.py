@@ -1,10 +1,10 @@
 """The reply opens with a tag: its first token can only begin a declaration.
 
 A zero-shot model asked for the economical reply sometimes answers in prose from the
-first token, declares nothing, and so reads the whole context for every token of a
-reply longer than the plain one (docs/eval.md, "The per-answer study": the one reply that
-cost the 16K economy arm its mean). With this constraint (``DAOptions.open_tag``) the first
-token must begin one of the tags the protocol opens a reply with: the focus head the
+first token, declares nothing, and so reads the whole context for every token of a reply
+longer than the plain one, and is scored wrong for lacking ``<answer>`` (docs/eval.md,
+"The per-answer study"). With this constraint (``DAOptions.open_tag``) the first token
+must begin one of the tags the protocol opens a reply with: the focus head the
 instruction teaches, ``<global>``, ``<local>`` or ``<answer>``. The model still chooses
 which; the rest of the tag is the other constraints' and the fixed text's business.
 ``<answer>`` first is a plain answer inside tags, read in global.
