@@ -24,8 +24,9 @@ def test_ids_are_the_tokens_that_begin_an_opening_tag():
 
 def test_the_constraint_holds_the_first_token_only():
     layout = Layout(prompt_len=64, sink=Span(0, 4), chunks=(Span(4, 40),), question=Span(40, 64))
-    ids = OpeningVocab.from_texts(TEXTS).ids_for(HEADS["find"])
-    state = DAState(layout, ["some chunk text"], focus_form="find", opening_ids=ids)
+    vocab = OpeningVocab.from_texts(TEXTS)
+    ids = vocab.ids_for(HEADS["find"])
+    state = DAState(layout, ["some chunk text"], focus_form="find", opening_vocab=vocab)
     first = [c.allowed_ids("") for c in state.constraints]
     assert any(a is not None and np.array_equal(a, ids) for a in first)
     state.feed(1, "<")

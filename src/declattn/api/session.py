@@ -20,7 +20,7 @@ from declattn.da.constrain_open import OpeningVocab
 from declattn.da.options import DAOptions
 from declattn.da.runaway import RunawayGuard
 from declattn.da.scope import DEFAULT_BLOCK_SIZE, Scope, StepCount
-from declattn.da.state import HEADS, DAState
+from declattn.da.state import DAState
 from declattn.engine.controller import Controller, ForcedTokens
 from declattn.protocol.answer import answer_of
 from declattn.protocol.instruction import PLAIN_INSTRUCTION
@@ -210,16 +210,13 @@ class DASession(Session):
         super().__init__(prompt.token_ids, block_size)
         ids_on = bool(o.constrain) and o.focus in ("ids", "both")
         find_on = bool(o.constrain) and o.focus in ("find", "both")
-        opening = None
-        if o.open_tag:
-            vocab = opening_vocab or OpeningVocab.from_tokenizer(tokenizer)
-            opening = vocab.ids_for(HEADS[o.focus])
         self.state = DAState(
             prompt.layout, [c.text for c in self.chunks], line_start=o.line_start,
             scaffold_local=o.scaffold_local, focus_form=o.focus,
             focus_vocab=(focus_vocab or FocusVocab.from_tokenizer(tokenizer)) if ids_on else None,
             find_vocab=(find_vocab or FindVocab.from_tokenizer(tokenizer)) if find_on else None,
-            opening_ids=opening,
+            opening_vocab=(opening_vocab or OpeningVocab.from_tokenizer(tokenizer))
+            if o.open_tag else None,
             runaway=RunawayGuard(max_tokens=max_tokens) if o.runaway else None,
             end_ids=tokenizer.all_special_ids if o.require_answer else (),
         )

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 from declattn.da.constrain import FocusConstraint, FocusVocab, TokenConstraint
 from declattn.da.constrain_find import FindConstraint, FindVocab
-from declattn.da.constrain_open import OpeningConstraint
+from declattn.da.constrain_open import OpeningConstraint, OpeningVocab
 from declattn.da.runaway import RunawayGuard
 from declattn.da.scope import Scope
 from declattn.protocol.find import PhraseFinder
@@ -88,8 +88,8 @@ class DAState:
     ``chunk_texts`` lets find focus resolve (without them every find is declined);
     ``focus_vocab`` / ``find_vocab`` turn on the matching logits constraint;
     ``focus_form`` (``ids``, ``find``, ``both``) is what the instruction taught, for the
-    fixed text of a focus head; ``opening_ids`` (``OpeningVocab.ids_for``), where given,
-    are the only tokens the response may start with (it opens with a tag); ``runaway``
+    fixed text of a focus head; ``opening_vocab``, where given, makes the response open
+    with a tag (that focus head, ``<global>``, ``<local>`` or ``<answer>``); ``runaway``
     stops a looping response; ``end_ids`` (the tokenizer's special tokens) may not end the
     response before an ``<answer>`` is open.
     """
@@ -104,7 +104,7 @@ class DAState:
         focus_form: str = "ids",
         focus_vocab: FocusVocab | None = None,
         find_vocab: FindVocab | None = None,
-        opening_ids: Sequence[int] | None = None,
+        opening_vocab: OpeningVocab | None = None,
         runaway: RunawayGuard | None = None,
         end_ids: Sequence[int] = (),
     ) -> None:
@@ -124,8 +124,9 @@ class DAState:
             find = FindConstraint(find_vocab, self.finder)
             find.prepare()  # its index is built now, not on the first step inside a tag
             self.constraints.append(find)
-        self.opening = OpeningConstraint(opening_ids) if opening_ids is not None else None
-        if self.opening is not None:
+        self.opening = None
+        if opening_vocab is not None:
+            self.opening = OpeningConstraint(opening_vocab.ids_for(self.heads))
             self.constraints.append(self.opening)
         self.runaway = runaway
         self.end_ids = tuple(end_ids)

@@ -37,7 +37,7 @@ from declattn.da.constrain import FocusVocab
 from declattn.da.constrain_find import FindVocab
 from declattn.da.constrain_open import OpeningVocab
 from declattn.da.scope import Scope
-from declattn.da.state import HEADS, DAState
+from declattn.da.state import DAState
 from declattn.engine.detok import Detokenizer
 from declattn.protocol.layout import Layout
 from declattn.protocol.tags import TagReader
@@ -208,16 +208,11 @@ class RequestTracker(Tracker):
                 scaffold_local=spec.scaffold_local, focus_form=spec.focus,
                 focus_vocab=self.vocab if ids_on else None,
                 find_vocab=self.find_vocab if find_on else None,
-                opening_ids=self._opening_ids(),
+                opening_vocab=(self.opening_vocab or OpeningVocab.from_tokenizer(self.tokenizer))
+                if spec.open_tag else None,
                 end_ids=self.tokenizer.all_special_ids if spec.require_answer else (),
             )
         return self._state
-
-    def _opening_ids(self) -> tuple[int, ...] | None:
-        if not self.spec.open_tag:
-            return None
-        vocab = self.opening_vocab or OpeningVocab.from_tokenizer(self.tokenizer)
-        return vocab.ids_for(HEADS[self.spec.focus])
 
     @property
     def reader(self) -> TagReader:
