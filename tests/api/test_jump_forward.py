@@ -137,3 +137,33 @@ def test_an_economy_reply_cannot_end_before_its_answer(engine):
     no_guard = dataclasses.replace(ECONOMY, require_answer=False)
     off = engine.session(CONTEXT, QUESTION, options=no_guard)
     assert off.state.banned_ids() == ()
+
+
+class Prefix(Script):
+    """Writes ``text`` first, then leaves the model (random weights) to its own choice."""
+
+    def process_logits(self, logits):
+        if len(self.written) >= len(self.text):
+            return self.inner.process_logits(logits)
+        return super().process_logits(logits)
+
+
+@pytest.mark.parametrize("jump", [True, False])
+def test_the_answer_follows_a_find_focus_whatever_the_model_would_write(engine, jump):
+    """``answer_after_find``: after a find focus's tag, ``<answer>`` comes next, appended
+    in one forward (jump-forward) or held by the constraint token by token; with the
+    rule off the random model writes something else there."""
+    tag = '<focus find="day 5 notes calm water">'
+
+    def reply(options: DAOptions) -> str:
+        sess = engine.session(CONTEXT, QUESTION, options=options)
+        seq = engine.add(Prefix(sess, engine.tokenizer, tag),
+                         SamplingParams(max_tokens=24, ignore_eos=True))
+        for _ in engine.run(seq):
+            pass
+        assert sess.declarations[0].phrase == "day 5 notes calm water"
+        return sess.text[len(tag):]
+
+    options = dataclasses.replace(ECONOMY, jump_forward=jump)
+    assert reply(options).startswith("<answer>")
+    assert not reply(dataclasses.replace(options, answer_after_find=False)).startswith("<")

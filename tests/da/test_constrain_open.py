@@ -1,12 +1,13 @@
-"""The reply opens with a tag: only tokens that begin an opening tag may come first,
-and the constraint lets go once a token is written."""
+"""Tags the economical protocol fixes. The reply opens with a tag: only tokens that begin
+an opening tag may come first, and the constraint lets go once a token is written. The
+answer follows a find focus at once: only the rest of ``<answer>`` may come next."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from declattn.da.constrain_open import OpeningConstraint, OpeningVocab
+from declattn.da.constrain_open import AnswerNextConstraint, OpeningConstraint, OpeningVocab
 from declattn.da.state import HEADS, DAState
 from declattn.protocol.layout import Layout, Span
 
@@ -37,3 +38,48 @@ def test_the_constraint_holds_the_first_token_only():
 def test_a_tokenizer_with_no_tag_opening_is_refused():
     with pytest.raises(ValueError, match="no token of this tokenizer can begin a tag"):
         OpeningConstraint(())
+
+
+LAYOUT = Layout(prompt_len=64, sink=Span(0, 4), chunks=(Span(4, 40),), question=Span(40, 64))
+INNER = {1: "<", 6: "<answer>", 13: "answer", 14: ">", 15: "ans", 16: "answer>", 17: " <", 4: "Hi"}
+
+
+def after_find(tag: str, **kwargs) -> DAState:
+    vocab = OpeningVocab.from_texts(TEXTS, INNER)
+    state = DAState(LAYOUT, ["the harbour log"], focus_form="both", **kwargs,
+                    answer_vocab=vocab)
+    state.feed(0, tag)
+    return state
+
+
+def allowed(state: DAState) -> set[int]:
+    (c,) = [c for c in state.constraints if isinstance(c, AnswerNextConstraint)]
+    ids = c.allowed_ids(state.reader.pending)
+    return set() if ids is None else {int(i) for i in ids}
+
+
+def test_the_answer_follows_a_find_focus_at_once():
+    state = after_find('<focus find="harbour log">')
+    assert state.due_answer() == state.forced_text() == "<answer>"
+    assert allowed(state) == {1, 6}  # "<" and "<answer>": starts of it, as written mid-reply
+    state.feed(1, "<")
+    assert state.due_answer() == "answer>" and allowed(state) == {13, 15, 16}
+    state.feed(13, "answer")
+    assert state.forced_text() == ">" and allowed(state) == {14}
+    state.feed(14, ">")
+    assert state.mode.value == "answer" and state.due_answer() is None and allowed(state) == set()
+
+
+def test_whitespace_after_the_tag_still_owes_the_answer():
+    state = after_find('<focus find="harbour log">\n')
+    assert state.due_answer() == "<answer>"
+
+
+def test_no_answer_is_owed_after_an_id_focus_a_declined_find_or_with_the_rule_off():
+    assert after_find('<focus magic_chunks="1">').due_answer() is None
+    declined = after_find('<focus find="no such words anywhere">')
+    assert declined.declines and declined.due_answer() is None
+    off = DAState(LAYOUT, ["the harbour log"], focus_form="find")
+    off.feed(0, '<focus find="harbour log">')
+    assert off.due_answer() is None and off.forced_text() is None
+    assert after_find('<focus find="harbour log">the').due_answer() is None  # prose began

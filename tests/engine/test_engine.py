@@ -238,3 +238,20 @@ def test_batch_invariant_mode_gives_each_sequence_its_logits_alone_bit_for_bit(s
     for solo, batched in zip(alone, together, strict=True):
         assert len(solo) == len(batched) == params.max_tokens
         assert all(torch.equal(a, b) for a, b in zip(solo, batched, strict=True))
+
+
+def test_decode_seconds_hold_the_controllers_time_too():
+    """A reply's decode seconds are what its user waits for: the forwards and the time
+    the controller takes over each token (a DA state, its constraints)."""
+    import time
+
+    class Slow(Controller):
+        def process_logits(self, logits):
+            time.sleep(0.02)
+            return logits
+
+    model = tiny_model()
+    params = SamplingParams(max_tokens=6, ignore_eos=True)
+    seq = run_one(make_engine(model), prompt(40, 1), params, Slow(prompt(40, 1)))
+    assert seq.decode_seconds >= 5 * 0.02  # five decode steps, each sampled by Slow
+    assert seq.prefill_seconds >= 0.02  # the first token, from the prefill's logits

@@ -208,3 +208,27 @@ def test_the_opening_constraint_masks_the_first_row_as_our_engines_session_does(
     sess.on_token(token, "<")
     row = torch.randn(len(smol_tokenizer), generator=gen)
     assert torch.equal(tracker.process_logits(row.clone()), row)
+
+
+def test_the_answer_after_a_find_focus_is_held_as_our_engines_session_holds_it(
+    smol_tokenizer,
+) -> None:
+    """``answer_after_find`` travels to the tracker: after a find focus's tag, its row
+    keeps only the starts of ``<answer>``, the same row our session keeps (vLLM decodes
+    the fixed text token by token, so the constraint is what holds it there)."""
+    options = DAOptions(target=96, cap=128, focus="find", answer_after_find=True)
+    req = build_request(CONTEXT, QUESTION, smol_tokenizer, options)
+    sess = DASession(smol_tokenizer, CONTEXT, QUESTION, options, BLOCK)
+    phrase, _ = unique_phrase(sess.chunks)
+    live: list[int] = []
+    tracker = RequestTracker(req.spec, live, smol_tokenizer,
+                             chunk_ids=chunk_ids_of(req.prompt_token_ids, req.layout))
+    assert tracker.edits_logits
+    for token in smol_tokenizer.encode(f'<focus find="{phrase}">', add_special_tokens=False):
+        live.append(token)
+        sess.on_token(token, smol_tokenizer.decode(live)[len(sess.text):])
+    row = torch.randn(len(smol_tokenizer), generator=torch.Generator().manual_seed(0))
+    ours, theirs = tracker.process_logits(row.clone()), sess.process_logits(row.clone())
+    assert torch.equal(ours, theirs)
+    kept = [smol_tokenizer.decode([i]) for i in torch.isfinite(ours).nonzero().flatten()]
+    assert kept and all("<answer>".startswith(t) for t in kept)

@@ -36,7 +36,8 @@ OPTIONS = DAOptions(target=96, cap=128)
 
 # -- request args ----------------------------------------------------------------------
 def test_spec_round_trips_through_flat_args() -> None:
-    spec = DASpec(LAYOUT, line_start=True, masking=False, constrain=True, force=(5, 6), label="x")
+    spec = DASpec(LAYOUT, line_start=True, masking=False, constrain=True, force=(5, 6), label="x",
+                  open_tag=True, answer_after_find=True)
     args = spec.to_args()
     for value in args.values():  # what vllm_xargs accepts: scalars and flat lists
         assert isinstance(value, int | str) or all(isinstance(v, int) for v in value)

@@ -447,8 +447,10 @@ class Engine:
         return ids, find
 
     def _opening_vocab(self, options: DAOptions) -> OpeningVocab | None:
-        """The tokens a reply may open with, where ``options`` asks that it open with a tag."""
-        return self.opening_vocabs.get(self.tokenizer) if options.open_tag else None
+        """The tag tokens, where ``options`` asks that the reply open with a tag or that
+        the answer follow a find focus."""
+        wanted = options.open_tag or options.answer_after_find
+        return self.opening_vocabs.get(self.tokenizer) if wanted else None
 
     def open(self, context: str, options: DAOptions | None = None) -> Document:
         """A handle for asking ``context`` many questions: it is cut into magic chunks

@@ -210,13 +210,16 @@ class DASession(Session):
         super().__init__(prompt.token_ids, block_size)
         ids_on = bool(o.constrain) and o.focus in ("ids", "both")
         find_on = bool(o.constrain) and o.focus in ("find", "both")
+        tags = None
+        if o.open_tag or o.answer_after_find:
+            tags = opening_vocab or OpeningVocab.from_tokenizer(tokenizer)
         self.state = DAState(
             prompt.layout, [c.text for c in self.chunks], line_start=o.line_start,
             scaffold_local=o.scaffold_local, focus_form=o.focus,
             focus_vocab=(focus_vocab or FocusVocab.from_tokenizer(tokenizer)) if ids_on else None,
             find_vocab=(find_vocab or FindVocab.from_tokenizer(tokenizer)) if find_on else None,
-            opening_vocab=(opening_vocab or OpeningVocab.from_tokenizer(tokenizer))
-            if o.open_tag else None,
+            opening_vocab=tags if o.open_tag else None,
+            answer_vocab=tags if o.answer_after_find else None,
             runaway=RunawayGuard(max_tokens=max_tokens) if o.runaway else None,
             end_ids=tokenizer.all_special_ids if o.require_answer else (),
         )

@@ -41,7 +41,9 @@ class DAOptions:
     decode step a token (``DAState.forced_text``). ``require_answer``: a response that has
     written a tag may not end (a special token) before it has opened an ``<answer>``.
     ``open_tag``: the response's first token must begin a tag (``constrain_open.py``), so
-    a reply cannot start in prose and read everything.
+    a reply cannot start in prose and read everything. ``answer_after_find``: ``<answer>``
+    comes right after a find focus's tag (``constrain_open.py``), so the answer is written
+    from the focused chunk without copying the fact first.
     """
 
     target: int = 2048
@@ -60,6 +62,7 @@ class DAOptions:
     jump_forward: bool = False
     require_answer: bool = False
     open_tag: bool = False
+    answer_after_find: bool = False
 
     def __post_init__(self) -> None:
         if self.focus not in FOCUS_FORMS:
@@ -72,11 +75,11 @@ class DAOptions:
         """The economical protocol (docs/protocol.md): a find focus with the answer
         written inside it (``ECONOMY_INSTRUCTION``), the find constraint, scaffold steps
         read as local, forced tag text appended in one forward, no end before an answer,
-        and a reply that opens with a tag."""
+        a reply that opens with a tag, and the answer right after a find focus."""
         base: dict[str, Any] = {
             "focus": "find", "instruction": ECONOMY_INSTRUCTION, "constrain": True,
             "scaffold_local": True, "jump_forward": True, "require_answer": True,
-            "open_tag": True,
+            "open_tag": True, "answer_after_find": True,
         }
         return cls(**{**base, **changes})
 

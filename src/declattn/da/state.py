@@ -26,6 +26,9 @@ the training mask builder uses replay, so all three agree row by row.
 The fixed text (``forced_text``) is the rest of a tag once the pending text can only
 become one tag the current mode allows: ``</fo`` in a focus can only be ``</focus>``,
 ``<focus find="lake shore"`` can only be closed by ``>``, ``<ans`` only ``<answer>``.
+With ``answer_vocab`` (``DAOptions.answer_after_find``) the answer follows a find focus at
+once: right after ``<focus find="...">`` the fixed text is the rest of ``<answer>``
+(``due_answer``), and a constraint holds a caller that samples it to that text.
 A caller may append it in one forward (jump-forward) instead of one decode step a token.
 """
 
@@ -36,7 +39,12 @@ from collections.abc import Sequence
 
 from declattn.da.constrain import FocusConstraint, FocusVocab, TokenConstraint
 from declattn.da.constrain_find import FindConstraint, FindVocab
-from declattn.da.constrain_open import OpeningConstraint, OpeningVocab
+from declattn.da.constrain_open import (
+    ANSWER_TAG,
+    AnswerNextConstraint,
+    OpeningConstraint,
+    OpeningVocab,
+)
 from declattn.da.runaway import RunawayGuard
 from declattn.da.scope import Scope
 from declattn.protocol.find import PhraseFinder
@@ -89,7 +97,8 @@ class DAState:
     ``focus_vocab`` / ``find_vocab`` turn on the matching logits constraint;
     ``focus_form`` (``ids``, ``find``, ``both``) is what the instruction taught, for the
     fixed text of a focus head; ``opening_vocab``, where given, makes the response open
-    with a tag (that focus head, ``<global>``, ``<local>`` or ``<answer>``); ``runaway``
+    with a tag (that focus head, ``<global>``, ``<local>`` or ``<answer>``);
+    ``answer_vocab``, where given, makes ``<answer>`` follow a find focus; ``runaway``
     stops a looping response; ``end_ids`` (the tokenizer's special tokens) may not end the
     response before an ``<answer>`` is open.
     """
@@ -105,6 +114,7 @@ class DAState:
         focus_vocab: FocusVocab | None = None,
         find_vocab: FindVocab | None = None,
         opening_vocab: OpeningVocab | None = None,
+        answer_vocab: OpeningVocab | None = None,
         runaway: RunawayGuard | None = None,
         end_ids: Sequence[int] = (),
     ) -> None:
@@ -128,6 +138,9 @@ class DAState:
         if opening_vocab is not None:
             self.opening = OpeningConstraint(opening_vocab.ids_for(self.heads))
             self.constraints.append(self.opening)
+        self.answer_after_find = answer_vocab is not None
+        if answer_vocab is not None:
+            self.constraints.append(AnswerNextConstraint(answer_vocab, self.due_answer))
         self.runaway = runaway
         self.end_ids = tuple(end_ids)
         self.text = ""
@@ -168,8 +181,26 @@ class DAState:
         return Scope(self.layout, self.reader.mode, self.reader.focus_ids)
 
     def forced_text(self) -> str | None:
-        """The text the protocol fixes next (``fixed_continuation`` of the pending tag)."""
+        """The text the protocol fixes next: the rest of a due ``<answer>``, else
+        ``fixed_continuation`` of the pending tag."""
+        due = self.due_answer()
+        if due is not None:
+            return due
         return fixed_continuation(self.reader.pending, self.reader.mode, self.heads)
+
+    def due_answer(self) -> str | None:
+        """The rest of ``<answer>`` when it must come next: ``answer_after_find`` is on,
+        the newest declaration is an accepted find focus, and what follows its tag
+        (leading whitespace aside) is still a start of ``<answer>``."""
+        if not self.answer_after_find or self.reader.mode is not Mode.FOCUS:
+            return None
+        last = self.reader.declarations[-1] if self.reader.declarations else None
+        if last is None or last.kind != "focus" or last.phrase is None or not last.accepted:
+            return None
+        after = self.text[last.end :].lstrip()
+        if len(after) < len(ANSWER_TAG) and ANSWER_TAG.startswith(after):
+            return ANSWER_TAG[len(after) :]
+        return None
 
     def banned_ids(self) -> tuple[int, ...]:
         """Token ids the next token may not be: the end of the response (``end_ids``)

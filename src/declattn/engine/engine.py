@@ -236,19 +236,20 @@ class PagedEngine:
         events: list[TokenEvent] = []
         for r in rows:
             seq = r.seq
-            if r.decode:
-                seq.decode_seconds += r.seconds
-            else:
-                seq.prefill_seconds += r.seconds
+            spent = r.seconds
+            if not r.decode:
                 assert plan.prefill is not None
                 self.scheduler.prefilled(plan.prefill)
             if r.logits is not None:
                 t0 = time.perf_counter()
                 events += self.acceptor.sampled(seq, r.logits)
-                if not r.decode:
-                    seq.prefill_seconds += time.perf_counter() - t0
-                if seq.finish_reason is not None:
-                    self.scheduler.remove(seq)
+                spent += time.perf_counter() - t0  # the controller's time is the reply's too
+            if r.decode:
+                seq.decode_seconds += spent
+            else:
+                seq.prefill_seconds += spent
+            if r.logits is not None and seq.finish_reason is not None:
+                self.scheduler.remove(seq)
         if not self.scheduler.waiting:
             self._hold_dense(False)
         return events

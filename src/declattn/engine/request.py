@@ -77,6 +77,9 @@ class Request:
     finish_reason: str | None = None
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
+    """Wall seconds of the forwards that ran this sequence's prompt rows / decode rows,
+    each with the time its controller and the sampler took over the token they gave
+    (constraints, the DA state, forced text): what a user waits for."""
     pending_views: list[tuple[int, ...] | None] = field(default_factory=list, repr=False)
     """Views already asked for the rows before the newest token that are not in the KV
     cache yet (forced tokens: see ``Controller.forced``); the next forward runs them."""

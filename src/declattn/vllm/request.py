@@ -86,7 +86,7 @@ def session_request(sess: DASession, *, label: str | None = None) -> VllmDAReque
     spec = DASpec(layout=sess.layout, line_start=o.line_start, masking=o.masking,
                   constrain=bool(o.constrain), label=label, focus=o.focus,
                   scaffold_local=o.scaffold_local, require_answer=o.require_answer,
-                  open_tag=o.open_tag)
+                  open_tag=o.open_tag, answer_after_find=o.answer_after_find)
     return VllmDARequest(rendered=sess.prompt, chunks=tuple(sess.chunks), spec=spec)
 
 
@@ -128,6 +128,7 @@ def build_request(
         scaffold_local=o.scaffold_local,
         require_answer=o.require_answer,
         open_tag=o.open_tag,
+        answer_after_find=o.answer_after_find,
     )
     return VllmDARequest(rendered=rendered, chunks=tuple(chunks), spec=spec)
 

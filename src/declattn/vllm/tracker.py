@@ -208,11 +208,16 @@ class RequestTracker(Tracker):
                 scaffold_local=spec.scaffold_local, focus_form=spec.focus,
                 focus_vocab=self.vocab if ids_on else None,
                 find_vocab=self.find_vocab if find_on else None,
-                opening_vocab=(self.opening_vocab or OpeningVocab.from_tokenizer(self.tokenizer))
-                if spec.open_tag else None,
+                opening_vocab=self._tag_vocab() if spec.open_tag else None,
+                answer_vocab=self._tag_vocab() if spec.answer_after_find else None,
                 end_ids=self.tokenizer.all_special_ids if spec.require_answer else (),
             )
         return self._state
+
+    def _tag_vocab(self) -> OpeningVocab:
+        if self.opening_vocab is None:
+            self.opening_vocab = OpeningVocab.from_tokenizer(self.tokenizer)
+        return self.opening_vocab
 
     @property
     def reader(self) -> TagReader:
@@ -258,7 +263,8 @@ class RequestTracker(Tracker):
     @property
     def edits_logits(self) -> bool:
         spec = self.spec
-        return bool(spec.force) or spec.require_answer or spec.open_tag or any(spec.constraints())
+        return (bool(spec.force) or spec.require_answer or spec.open_tag or spec.answer_after_find
+                or any(spec.constraints()))
 
     def process_logits(self, row: Tensor) -> Tensor:
         """Forced tokens first (teacher forcing), else the spec's constraints."""

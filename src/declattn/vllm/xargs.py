@@ -41,12 +41,13 @@ FOCUS = "da_focus"  # "ids", "find" or "both": which focus constraint(s) da_cons
 SCAFFOLD = "da_scaffold"  # 0 or 1: steps writing protocol text read as local (DAOptions)
 ANSWER = "da_require_answer"  # 0 or 1: no end of the response before an <answer>
 OPEN = "da_open_tag"  # 0 or 1: the response's first token begins a tag
+AFTER_FIND = "da_answer_after_find"  # 0 or 1: <answer> comes right after a find focus
 FORCE = "da_force"  # token ids the response must start with (teacher forcing)
 LABEL = "da_label"  # a name for the request in the engine core's read log
 STREAMING = "da_streaming"  # a StreamingLLM request: blocks read per decode step
 
 KEYS = (PROMPT_LEN, SINK, QUESTION, CHUNKS, LINE_START, MASKING, CONSTRAIN, FOCUS, SCAFFOLD,
-        ANSWER, OPEN, FORCE, LABEL, STREAMING)
+        ANSWER, OPEN, AFTER_FIND, FORCE, LABEL, STREAMING)
 
 
 class BadDAArgs(ValueError):
@@ -67,6 +68,7 @@ class DASpec:
     scaffold_local: bool = False
     require_answer: bool = False
     open_tag: bool = False
+    answer_after_find: bool = False
 
     def __post_init__(self) -> None:
         if self.focus not in FOCUS_FORMS:
@@ -97,6 +99,7 @@ class DASpec:
             SCAFFOLD: int(self.scaffold_local),
             ANSWER: int(self.require_answer),
             OPEN: int(self.open_tag),
+            AFTER_FIND: int(self.answer_after_find),
         }
         if self.force:
             args[FORCE] = list(self.force)
@@ -203,6 +206,7 @@ def parse(extra_args: Mapping[str, Any] | None) -> DASpec | StreamingSpec | None
             scaffold_local=_flag(extra_args, SCAFFOLD, False),
             require_answer=_flag(extra_args, ANSWER, False),
             open_tag=_flag(extra_args, OPEN, False),
+            answer_after_find=_flag(extra_args, AFTER_FIND, False),
         )
     except BadDAArgs:
         raise
