@@ -95,11 +95,8 @@ the chunk you need must contain, such as a name with its noun. After the tag you
 that chunk, the question and your reply so far.
 - Then write the short answer, taken from that chunk, as <answer>...</answer>; your reply \
 ends right after </answer>.
-- If the answer needs a fact from another place first, copy that fact inside a focus \
-block of its own, <focus find="WORDS">fact</focus>, then write the focus that holds the \
-answer.
-- Only if the question needs the whole document at once (counting or comparing \
-everything), write <global>short notes</global> before <answer>."""
+- Only if the question needs facts from several places or the whole document at once \
+(comparing, counting), write <global>short notes</global> before <answer>."""
 
 ECONOMY_INSTRUCTION = f"""\
 {_TITLE}
