@@ -10,6 +10,7 @@ import pytest
 from declattn.api import Engine
 from declattn.api.session import DASession, PlainSession
 from declattn.da.options import DAOptions
+from declattn.engine.sampler import SamplingParams
 from declattn.protocol.segment import token_counter
 
 CONTEXT = "\n\n".join(
@@ -80,3 +81,18 @@ def test_by_default_the_gate_weighs_the_whole_reply(engine: Engine) -> None:
     n = token_counter(engine.tokenizer)(CONTEXT)
     ans = engine.answer(CONTEXT, "How many boats?", options=economy, max_tokens=4)
     assert ans.arm == ("da" if engine.reply_cost(n, economy).run_da else "vanilla")
+
+
+def test_the_gate_counts_the_requests_that_share_the_steps(engine: Engine) -> None:
+    """Requests already in the engine share each forward's weights with a new one, so the
+    gate weighs the DA reply as one of a batch, and its note says beside how many."""
+    economy = DAOptions.economy(target=256, cap=320, constrain=False)
+    assert engine.reply_cost(8000, economy, batch=8).ratio < engine.reply_cost(8000, economy).ratio
+    other = engine.session(CONTEXT, "How many gulls?", da=False)
+    req = engine.add(other, SamplingParams(max_tokens=64, ignore_eos=True))
+    classic = DAOptions(target=256, cap=320, constrain=False)
+    note = engine.session(CONTEXT, "How many boats?", options=classic).note
+    assert note is not None and "beside 1 other requests" in note
+    engine.abort(req)
+    told = engine.session(CONTEXT, "How many boats?", options=classic, batch=3).note
+    assert told is not None and "beside 2 other requests" in told  # a caller that knows

@@ -24,6 +24,8 @@ def test_the_command_holds_every_sequence_and_asks_for_jsonl() -> None:
     assert int(arg["-c"]) == 8 * (8192 + 32)  # the tool skips, silently, a size it cannot hold
     assert (arg["-npp"], arg["-ntg"], arg["-npl"], arg["-fa"]) == ("8192", "32", "8", "on")
     assert arg["--output-format"] == "jsonl" and arg["-t"] == arg["-tb"] == "2"
+    assert "-pps" not in cmd
+    assert command(BatchedConfig(shared_prompt=True), Path("m.gguf"), 8192, 8, "on")[-1] == "-pps"
 
 
 def test_the_one_result_row_is_read_and_a_missing_one_is_an_error() -> None:

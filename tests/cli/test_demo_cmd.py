@@ -16,10 +16,12 @@ def test_demo_puts_each_da_answer_beside_the_plain_one(
 ) -> None:
     out = tmp_path / "demo"
     args = ["demo", "--model", str(tiny_model_dir), "--tokens", "3000", "--max-tokens", "4",
-            "--dtype", "fp32", "--min-context", "0", "--threads", "1", "--out", str(out)]
+            "--dtype", "fp32", "--threads", "1", "--out", str(out)]
     assert main(args) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "torch threads: 1 of" in text
+    # DA runs whatever the gate would decide for a lone request, and the gate is quoted
+    assert "the gate (da/gate.py): a lone DA reply over" in text and "one of 8 requests" in text
     for stem in ("record", "record.q2"):
         da = json.loads((out / f"{stem}.json").read_text())
         plain = json.loads((out / f"{stem}.vanilla.json").read_text())

@@ -43,3 +43,18 @@ def test_a_long_reply_over_a_short_context_does_not_pay() -> None:
 def test_sizes_must_be_positive() -> None:
     with pytest.raises(ValueError, match="positive"):
         cost(0, ECONOMY_SHAPE)
+
+
+def test_a_batch_shares_the_weights_so_the_extra_forwards_cost_less() -> None:
+    """Requests decoding together read the weights once a step: a request's share is
+    1/N, its KV its own. A short plain answer that a lone DA reply cannot beat at 16K
+    is beaten in a batch of 8 (the serving case)."""
+    short = ReplyShape(scaffold=9, focus=7, full=0, plain=8)
+    alone = cost(16384, short)
+    batched = expected_cost(context_tokens=16384, prompt_tokens=16784, scaffold_tokens=400,
+                            chunk_tokens=2048, shape=short, batch=8, **QWEN)
+    assert not alone.run_da and batched.run_da
+    assert batched.plain_bytes < alone.plain_bytes and batched.ratio < alone.ratio
+    with pytest.raises(ValueError, match="batch"):
+        expected_cost(context_tokens=1, prompt_tokens=1, scaffold_tokens=1, chunk_tokens=1,
+                      shape=short, batch=0, **QWEN)

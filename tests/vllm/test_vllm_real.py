@@ -13,6 +13,7 @@ this module in the vLLM one (.venv-vllm).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -124,6 +125,7 @@ def unplugged(engine: Engine, batch: dict, tmp_path_factory: pytest.TempPathFact
         [sys.executable, "-m", "declattn.vllm.offline", str(tmp / "spec.json"),
          str(tmp / "out.json")],
         env=env, stdout=subprocess.DEVNULL, stderr=open(tmp / "log.txt", "w"),  # noqa: SIM115
+        start_new_session=True,
     )
 
     def result() -> dict[str, dict[str, Any]]:
@@ -133,8 +135,7 @@ def unplugged(engine: Engine, batch: dict, tmp_path_factory: pytest.TempPathFact
         return dict(zip(batch, outs, strict=True))
 
     yield result
-    if proc.poll() is None:
-        proc.kill()
+    _stop_group(proc)
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +155,7 @@ def served(engine: Engine, tmp_path_factory: pytest.TempPathFactory):
          "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
          "--block-size", str(BLOCK), "--enforce-eager", "--no-async-scheduling",
          "--no-enable-prefix-caching", "--max-model-len", "4096"],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
 
     def post(body: dict[str, Any]) -> dict[str, Any]:
@@ -176,12 +177,28 @@ def served(engine: Engine, tmp_path_factory: pytest.TempPathFactory):
         return httpx.post(f"{url}/v1/completions", json=body, timeout=300).json()
 
     yield post
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    _stop_group(proc)
     log.close()
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """End ``proc`` and every process it started (vLLM's server runs its engine core and
+    worker as processes of their own, which outlive a server killed alone)."""
+    import signal
+
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        if sig == signal.SIGTERM:  # the server is gone: its group may still hold children
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        return
 
 
 def _tail(log: Any) -> str:

@@ -317,6 +317,7 @@ class Engine:
         history: Sequence[tuple[str, str]] = (),
         chunks: Sequence[Chunk] | None = None,
         shared_prefix: bool = False,
+        batch: int | None = None,
     ) -> Session:
         """The session for one request: DA (masking on or off) or vanilla.
 
@@ -325,7 +326,9 @@ class Engine:
         of a conversation over ``context``; ``chunks``: its magic chunks if already cut.
         ``shared_prefix`` (vanilla only): the plain question over the DA prompt's own
         transcript of the chunks (``PlainSession.over_chunks``), so it shares the
-        document's prefix, and its prefill, with the DA questions over it.
+        document's prefix, and its prefill, with the DA questions over it. ``batch``:
+        the requests this one will decode beside, itself included, for the gate
+        (default: one more than the engine holds now).
         """
         if not question.strip():
             raise ValueError("the question is empty")
@@ -333,7 +336,7 @@ class Engine:
             if chunks is None and not context.strip():  # before the gate: nothing to cut
                 raise SegmentError("the context is empty: there is nothing to cut into chunks")
             options = self.da_options(options)
-            gate = self._below_min_context(context, chunks, options)
+            gate = self._below_min_context(context, chunks, options, batch)
             if gate is not None:
                 sess = self.session(context, question, da=False, history=history)
                 sess.note = gate
@@ -366,7 +369,8 @@ class Engine:
         )
 
     def _below_min_context(
-        self, context: str, chunks: Sequence[Chunk] | None, options: DAOptions
+        self, context: str, chunks: Sequence[Chunk] | None, options: DAOptions,
+        batch: int | None = None,
     ) -> str | None:
         """Why a DA request runs vanilla, when it is not expected to pay: under the
         options' ``min_context`` where one is set, else where the whole DA reply is
@@ -379,17 +383,23 @@ class Engine:
                 f"ran vanilla: a context of {n} tokens is under min_context "
                 f"{options.min_context}"
             )
-        cost = self.reply_cost(n, options)
+        if batch is None:
+            load = self.load
+            batch = 1 + load.running + load.waiting  # they will decode beside this one
+        cost = self.reply_cost(n, options, batch)
         if cost.run_da:
             return None
+        beside = f" beside {batch - 1} other requests" if batch > 1 else ""
         return (
-            f"ran vanilla: at {n} context tokens a DA reply is expected to read "
+            f"ran vanilla: at {n} context tokens{beside} a DA reply is expected to read "
             f"{cost.ratio:.2f}x the plain reply's bytes (docs/eval.md, 'The per-answer study')"
         )
 
-    def reply_cost(self, context_tokens: int, options: DAOptions) -> ReplyCost:
+    def reply_cost(self, context_tokens: int, options: DAOptions, batch: int = 1) -> ReplyCost:
         """The expected bytes of a DA reply against the plain reply over a context of
-        ``context_tokens``, for this model's weights and KV (``declattn.da.gate``)."""
+        ``context_tokens``, for this model's weights and KV (``declattn.da.gate``), with
+        ``batch`` requests decoding together (sharing each forward's weights: a request
+        asked while others run joins their steps)."""
         count = token_counter(self.tokenizer)
         scaffold = options.sink + count(options.instruction) + SCAFFOLD_OVERHEAD
         c = self.loaded.config
@@ -402,6 +412,7 @@ class Engine:
             weight_bytes=self.loaded.model.weight_bytes_per_step(),
             kv_bytes_per_token=2 * c.num_layers * c.num_kv_heads * c.head_dim * itemsize,
             shape=ECONOMY_SHAPE if options.scaffold_local else CLASSIC_SHAPE,
+            batch=batch,
         )
 
     def messages_session(

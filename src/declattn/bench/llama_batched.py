@@ -10,6 +10,11 @@ tokens (random ids), then times ``steps`` decode steps of all N sequences togeth
 (weights read once a step for the batch, each sequence reading its own KV). Built by
 ``make bench-env`` from the llama.cpp source ``llama-cpp-python`` vendors; never part of
 ``make test``.
+
+``shared_prompt`` (``-pps``) prefills one prompt and gives it to every sequence (llama.cpp
+shares its KV cells; each sequence still attends over all of them, so a decode step reads
+what N distinct prompts would, from one copy): one prefill instead of N, which makes
+N = 16 or 32K measurable on two cores. Its rows are labelled so.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ BINARY = ".venv-bench/bin/llama-batched-bench"
 
 @dataclass(frozen=True)
 class BatchedConfig:
-    """``steps``: decode steps timed per sequence; ``flash_attn``: the settings to run."""
+    """``steps``: decode steps timed per sequence; ``flash_attn``: the settings to run;
+    ``shared_prompt``: one prompt prefilled for all sequences (above)."""
 
     contexts: tuple[int, ...] = (8192, 16384)
     concurrency: tuple[int, ...] = (1, 8)
@@ -34,6 +40,7 @@ class BatchedConfig:
     threads: int = 2
     flash_attn: tuple[str, ...] = ("on", "off")
     binary: str = BINARY
+    shared_prompt: bool = False
 
     def __post_init__(self) -> None:
         if not set(self.flash_attn) <= {"on", "off"}:
@@ -50,7 +57,7 @@ def command(cfg: BatchedConfig, gguf: Path, context: int, n: int, fa: str) -> li
     return [cfg.binary, "-m", str(gguf), "-c", str(n * (context + cfg.steps)),
             "-b", "2048", "-ub", "512", "-npp", str(context), "-ntg", str(cfg.steps),
             "-npl", str(n), "-t", str(cfg.threads), "-tb", str(cfg.threads), "-fa", fa,
-            "--output-format", "jsonl"]
+            "--output-format", "jsonl", *(["-pps"] if cfg.shared_prompt else [])]
 
 
 def parse(stdout: str) -> dict[str, Any]:
@@ -79,12 +86,13 @@ def run_batched(cfg: BatchedConfig, gguf: Path,
                 if done.returncode != 0:
                     raise RuntimeError(f"llama-batched-bench failed: {done.stderr[-2000:]}")
                 row = parse(done.stdout)
-                out = {"context": context, "n": n, "arm": f"llama fa={fa}",
+                arm = f"llama fa={fa}" + (" shared prompt" if cfg.shared_prompt else "")
+                out = {"context": context, "n": n, "arm": arm,
                        "decode_tokens_per_second": row["speed_tg"],
                        "step_ms": 1e3 * row["t_tg"] / cfg.steps,
                        "prefill_tokens_per_second": row["speed_pp"],
                        "prefill_seconds": row["t_pp"], "raw": row}
-                say(f"llama fa={fa} x{n} at {context:,}: {row['speed_tg']:.1f} tok/s decode, "
+                say(f"{arm} x{n} at {context:,}: {row['speed_tg']:.1f} tok/s decode, "
                     f"prefill {row['t_pp']:.0f} s")
                 results.append(out)
     return results

@@ -119,7 +119,8 @@ def _arm(engine: Engine, arm: str, context: int, n: int, cfg: InProcessConfig,
     built = []
     for doc in docs:
         if arm == "da":
-            sess = engine.session(doc, QUESTION, max_tokens=cfg.max_tokens_da)
+            # the gate weighs each request as one of the n decoding together
+            sess = engine.session(doc, QUESTION, max_tokens=cfg.max_tokens_da, batch=n)
             built.append((sess, sess, cfg.max_tokens_da))
         else:
             sess, ctl = _forced(engine, arm, doc, n_tokens)

@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser, ints: Callable[[str], tuple[int, .
                    help="llama-batched: llama.cpp's batched decode benchmark (make bench-env)")
     p.add_argument("--llama-fa", default="on,off",
                    help="llama-batched: its flash-attention settings to run (on,off)")
+    p.add_argument("--llama-shared-prompt", action="store_true",
+                   help="llama-batched: prefill one prompt for all sequences (-pps; one "
+                   "prefill instead of N, each sequence still reads all of its KV)")
     p.add_argument("--arrival-context", type=int, default=16384,
                    help="arrivals, budget: prompt tokens of each arriving request")
     p.add_argument("--arrivals", type=int, default=2, help="arrivals: requests that arrive")
@@ -133,7 +136,7 @@ def _batch_parts(args: argparse.Namespace, parts: list[str], threads: int, engin
                            steps=args.steps, real_prefill=args.real_prefill, seed=args.seed)
     lcfg = BatchedConfig(args.contexts, args.concurrency, args.steps, threads,
                          tuple(f.strip() for f in args.llama_fa.split(",")),
-                         args.llama_batched_bench)
+                         args.llama_batched_bench, args.llama_shared_prompt)
     probe = BandwidthProbe()
     probe.sample()  # a first sample warms the buffers: not counted
     probe.copies.clear()

@@ -16,6 +16,7 @@ the whole loop in seconds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,7 +79,11 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"{doc.description}\nquestion: {doc.questions[0].question}")
         folder = Path(args.out)
         folder.mkdir(parents=True, exist_ok=True)
-        document = engine.open(doc.text, focus_options(engine.da_defaults, args))
+        options = focus_options(engine.da_defaults, args)
+        if args.min_context is None:  # the demo shows DA; the gate's verdict is printed
+            out.print(_gate_line(engine, doc.text, options))
+            options = dataclasses.replace(options, min_context=0)
+        document = engine.open(doc.text, options)
         results = []
         for i, q in enumerate(doc.questions):
             if i:
@@ -97,6 +102,20 @@ def run(args: argparse.Namespace) -> int:
         out.print(f"picture: {files.png}\npage: {files.html}")
     out.print(f"[dim]total {time.perf_counter() - t0:.0f} s[/]")
     return 0
+
+
+def _gate_line(engine: Any, text: str, options: Any) -> str:
+    """What the per-answer gate would decide for this document, alone and in a batch:
+    the demo runs DA either way, to show it, and says when it would not by default."""
+    from declattn.protocol.segment import token_counter
+
+    n = token_counter(engine.tokenizer)(text)
+    alone, batched = engine.reply_cost(n, options), engine.reply_cost(n, options, batch=8)
+    verdict = "DA" if alone.run_da else "the plain answer"
+    return (f"[dim]the gate (da/gate.py): a lone DA reply over {n:,} tokens is expected to "
+            f"read {alone.ratio:.2f}x the plain reply's bytes, one of 8 requests at once "
+            f"{batched.ratio:.2f}x; by default a lone request gets {verdict} (the demo runs "
+            f"DA; --min-context restores the gate)[/]")
 
 
 @dataclass(frozen=True)

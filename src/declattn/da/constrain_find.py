@@ -339,14 +339,21 @@ class FindVocab:
     def allowed_index(
         self, pending: str, finder: PhraseFinder, cache: dict[Any, Any]
     ) -> list[int] | np.ndarray | None:
-        """``allowed``, as a cached array on the usual phrase step (far from the length
-        limit), so a step does not rebuild the index of thousands of ids."""
+        """``allowed``, as a cached array on a phrase step, so a step does not rebuild
+        the index of thousands of ids: all the candidates far from the length limit,
+        else those that fit the room left (the first word of a long vocabulary's phrase
+        included: its longest tokens do not fit)."""
         state = _find_state(pending)
-        if state is not None and state.phase is _Phase.PHRASE:
-            found = self._cached(state, finder, cache)
-            if found.fits_all(MAX_FIND_TAG_LEN - len(pending), finder):
-                return found.array()
-        return self.allowed(pending, finder, cache)
+        if state is None or state.phase is not _Phase.PHRASE:
+            return self.allowed(pending, finder, cache)
+        found = self._cached(state, finder, cache)
+        room = MAX_FIND_TAG_LEN - len(pending)
+        if found.fits_all(room, finder):
+            return found.array()
+        key = ("fitting", state.quote, state.phrase, room)
+        if key not in cache:
+            cache[key] = np.asarray(found.fitting(room, self.parts, finder), dtype=np.int64)
+        return cache[key]
 
     def allowed(
         self, pending: str, finder: PhraseFinder, cache: dict[Any, Any] | None = None
@@ -383,7 +390,7 @@ class FindConstraint:
         costliest step: every word start is a continuation). ``find='`` is left to first
         use: models copy the double quote of the instruction."""
         self.finder.prepare()
-        self.vocab.allowed('<focus find="', self.finder, self._cache)
+        self.vocab.allowed_index('<focus find="', self.finder, self._cache)
 
     def allowed(self, pending: str) -> list[int] | None:
         """Token ids that may come next; None outside a find tag."""

@@ -11,6 +11,11 @@ context length, the chunk size, the model's weight bytes against its KV bytes pe
 (a small model's weights dominate until long contexts), and the length and shape of the
 replies, which come from measurement (``ReplyShape``; docs/eval.md gives the study).
 
+In a batch the weights are read once per step for every request in it, so a request's
+share of them is ``weight_bytes / batch`` while its KV is its own (``batch``: the
+requests decoding together). Extra forwards cost little there, and DA pays where a lone
+request would not (docs/benchmarks.md, "Serving": the shipped default at N = 8).
+
 focus-llama states the same balance as ``(1 + extra output) x (global share + (1 -
 global share) x focus-step cost ratio)``; this module computes it per request.
 """
@@ -33,11 +38,13 @@ class ReplyShape:
     plain: float
 
 
-ECONOMY_SHAPE = ReplyShape(scaffold=8.0, focus=7.0, full=0.0, plain=12.0)
-"""The economical protocol (a find focus, the answer inside it): its tag words and tags
-read the scaffold; the answer reads one chunk. The medians of qwen2.5-0.5b's forwards
-by what they read, and of its plain replies' tokens, in the per-answer study
-(docs/eval.md, "The per-answer study")."""
+ECONOMY_SHAPE = ReplyShape(scaffold=6.0, focus=7.0, full=0.0, plain=7.5)
+"""The economical protocol (a find focus, the answer right after it): its tag words and
+tags read the scaffold; the answer reads one chunk. The medians of qwen2.5-0.5b's
+forwards by what they read, and of its plain replies' forwards, in the per-answer study
+at 16K (docs/eval.md, "The per-answer study"). With them a lone request runs DA from
+about 25K context tokens on that model, two requests together from about 14K, eight
+from about 5K."""
 
 CLASSIC_SHAPE = ReplyShape(scaffold=8.0, focus=24.0, full=35.0, plain=12.0)
 """The chunk-id protocol with a global survey first (``DA_INSTRUCTION``): long replies
@@ -70,15 +77,17 @@ def expected_cost(
     weight_bytes: int,
     kv_bytes_per_token: int,
     shape: ReplyShape,
+    batch: int = 1,
 ) -> ReplyCost:
     """The expected bytes of a DA reply and of the plain reply to the same question.
 
     ``prompt_tokens``: the DA prompt (the plain one is taken as long as the context plus
     the scaffold); ``scaffold_tokens``: what a scaffold step keeps (sink and question
-    window); ``chunk_tokens``: one chunk, what a focus adds."""
-    if min(context_tokens, prompt_tokens, weight_bytes, kv_bytes_per_token) <= 0:
-        raise ValueError("token counts and byte sizes must be positive")
-    w, k = float(weight_bytes), float(kv_bytes_per_token)
+    window); ``chunk_tokens``: one chunk, what a focus adds; ``batch``: the requests
+    decoding together, who share each forward's weights."""
+    if min(context_tokens, prompt_tokens, weight_bytes, kv_bytes_per_token, batch) <= 0:
+        raise ValueError("token counts, byte sizes and the batch must be positive")
+    w, k = float(weight_bytes) / batch, float(kv_bytes_per_token)
     da = (
         shape.scaffold * (w + k * scaffold_tokens)
         + shape.focus * (w + k * (scaffold_tokens + chunk_tokens))

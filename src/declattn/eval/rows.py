@@ -108,8 +108,10 @@ def build_row(
         "steps": steps,
         "totals": sess.accounting.totals(),
         "by_mode": {str(m): v for m, v in sess.accounting.by_mode().items()},
-        # KV bytes the decode forwards gathered (``totals.steps`` counts the forwards,
-        # ``timing.decode_seconds`` their time): the per-answer figures' inputs
+        # the per-answer figures' inputs: the decode forwards (model calls: a run of
+        # forced tag text is one, while ``totals.steps`` counts a step per token), the KV
+        # bytes they gathered, and ``timing.decode_seconds``
+        "forwards": sum(1 for r in seq.reads if not r.forced),
         "kv_bytes": sum(r.global_bytes + r.sliding_bytes for r in seq.reads),
         "timing": {
             "prefill_seconds": seq.prefill_seconds,
