@@ -11,9 +11,10 @@ which; the rest of the tag is the other constraints' and the fixed text's busine
 ``<answer>`` first is a plain answer inside tags, read in global.
 
 After a find focus (``DAOptions.answer_after_find``), ``AnswerNextConstraint`` lets only
-the rest of ``<answer>`` come next: the instruction teaches ``<focus find="WORDS"><answer>X
-</answer>``, and a zero-shot model that copies the fact inside the focus first (a 7-digit
-number written twice, ~13 forwards) or wanders there pays decode steps for nothing. The
+the rest of ``<answer>`` come next: the instruction teaches
+``<focus find="WORDS"><answer>X</answer>``, and a zero-shot model that copies the fact
+inside the focus first (a 7-digit number written twice, ~13 forwards) or wanders there
+pays decode steps for nothing. The
 model still writes the answer; a question that needs two facts opens with ``<global>``.
 With jump-forward the fixed ``<answer>`` goes in one forward (``DAState.forced_text``);
 without it (vLLM) this constraint makes the model write it token by token.

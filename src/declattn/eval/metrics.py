@@ -152,7 +152,7 @@ def row_stats(row: dict[str, Any]) -> Stats:
     return Stats(
         prompt_tokens=row.get("prompt_tokens", 0),
         output_tokens=row["output"]["output_tokens"],
-        decode_steps=row.get("forwards", t["steps"]),  # rows written before it: a step a token
+        decode_steps=row.get("forwards", t["steps"]),  # older rows: a step a token
         prefill_seconds=timing.get("prefill_seconds", 0.0),
         decode_seconds=timing["decode_seconds"],
         logical_attended=t["logical"],
