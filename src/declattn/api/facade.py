@@ -460,8 +460,7 @@ class Engine:
     def _opening_vocab(self, options: DAOptions) -> OpeningVocab | None:
         """The tag tokens, where ``options`` asks that the reply open with a tag or that
         the answer follow a find focus."""
-        wanted = options.open_tag or options.answer_after_find
-        return self.opening_vocabs.get(self.tokenizer) if wanted else None
+        return self.opening_vocabs.get(self.tokenizer) if options.needs_tag_vocab else None
 
     def open(self, context: str, options: DAOptions | None = None) -> Document:
         """A handle for asking ``context`` many questions: it is cut into magic chunks

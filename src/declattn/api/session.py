@@ -211,7 +211,7 @@ class DASession(Session):
         ids_on = bool(o.constrain) and o.focus in ("ids", "both")
         find_on = bool(o.constrain) and o.focus in ("find", "both")
         tags = None
-        if o.open_tag or o.answer_after_find:
+        if o.needs_tag_vocab:
             tags = opening_vocab or OpeningVocab.from_tokenizer(tokenizer)
         self.state = DAState(
             prompt.layout, [c.text for c in self.chunks], line_start=o.line_start,

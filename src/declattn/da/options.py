@@ -83,6 +83,12 @@ class DAOptions:
         }
         return cls(**{**base, **changes})
 
+    @property
+    def needs_tag_vocab(self) -> bool:
+        """Whether a rule fixes tag tokens (``open_tag``, ``answer_after_find``), which
+        needs the tokenizer's tag vocabulary (``constrain_open.OpeningVocab``)."""
+        return self.open_tag or self.answer_after_find
+
     def instruction_for(self, chunks: Sequence[Chunk], tokenizer: Any) -> str:
         """The instruction this request's prompt opens with: the model's own if it has
         one, else the one teaching ``focus`` (with the chunk index if asked)."""

@@ -267,7 +267,7 @@ def _prepare(key: str, index: int, arm: str, sample: Any, tok: Any, settings: An
                          focus_vocab=run.vocabs.get(tok) if ids_on else None,
                          find_vocab=run.find_vocabs.get(tok) if find_on else None,
                          opening_vocab=run.opening_vocabs.get(tok)
-                         if options.open_tag or options.answer_after_find else None)
+                         if options.needs_tag_vocab else None)
         req = session_request(sess, label=key)
         params = req.sampling_params(max_tokens=settings.max_tokens)
         return _Pending(key, index, arm, sample, sess, req.prompt(), params)

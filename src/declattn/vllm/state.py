@@ -128,8 +128,7 @@ class DAState:
                 spec, output_ids, tok,
                 vocab=self._vocabs.get(tok) if ids_on else None,
                 find_vocab=self._find_vocabs.get(tok) if find_on else None,
-                opening_vocab=self._opening_vocabs.get(tok)
-                if spec.open_tag or spec.answer_after_find else None,
+                opening_vocab=self._opening_vocabs.get(tok) if spec.needs_tag_vocab else None,
                 chunk_ids=chunk_ids_of(prompt_ids, spec.layout),
             )
         self.rows[key] = tracker

@@ -263,7 +263,7 @@ class RequestTracker(Tracker):
     @property
     def edits_logits(self) -> bool:
         spec = self.spec
-        return (bool(spec.force) or spec.require_answer or spec.open_tag or spec.answer_after_find
+        return (bool(spec.force) or spec.require_answer or spec.needs_tag_vocab
                 or any(spec.constraints()))
 
     def process_logits(self, row: Tensor) -> Tensor:

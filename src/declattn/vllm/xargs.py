@@ -79,6 +79,11 @@ class DASpec:
     def prompt_len(self) -> int:
         return self.layout.prompt_len
 
+    @property
+    def needs_tag_vocab(self) -> bool:
+        """``DAOptions.needs_tag_vocab``, for the flags a request carries."""
+        return self.open_tag or self.answer_after_find
+
     def constraints(self) -> tuple[bool, bool]:
         """Whether the focus-id and the find constraint apply (``DASession``'s rule)."""
         return (self.constrain and self.focus in ("ids", "both"),
