@@ -3,8 +3,9 @@ and computed in the sequence's next forward, one row each (fp32, tiny model).
 
 - the output and the sampled tokens' logits are those of step-by-step decoding that
   forces the same tokens (teacher forcing, ``Forced``);
-- each row reads its own view (the read counter == the view, row by row), the K/V the
-  rows read is gathered once, and each row has its ``StepRead``;
+- each row reads its own view up to its own position (the read counter == the view,
+  row by row), the pool rows the rows read together count once, and each row has its
+  ``StepRead``;
 - token healing takes the newest sampled token back and reports only the new text;
 - EOS, a stop string and ``max_tokens`` inside forced tokens finish the sequence there.
 """
@@ -117,9 +118,9 @@ def test_forced_rows_equal_step_by_step_decoding_that_forces_them() -> None:
     assert len(forwards) == 23 - 8  # eight forced tokens computed beside other rows
 
 
-def test_forced_rows_gather_their_kv_once() -> None:
-    """A forward of several rows reads the union of their blocks once: its bytes are on
-    its first row and fall short of what the rows read one step each."""
+def test_forced_rows_count_the_kv_they_read_together_once() -> None:
+    """The rows of a forward read the union of their positions: its bytes are on the
+    first row and fall short of what the rows read one step each."""
     model = tiny_model(seed=22)
     ids = prompt(150, 4)
     script = {3: ForcedTokens((5, 6, 7, 8, 9))}
@@ -131,16 +132,17 @@ def test_forced_rows_gather_their_kv_once() -> None:
     group = seq.reads[first : first + 6]  # five forced rows and the row that samples
     assert [r.global_bytes for r in group[1:]] == [0] * 5
     kv_per_token = seq.reads[0].global_bytes // seq.reads[0].length  # a full read, row 0
-    union = sorted({b for r in group for b in r.blocks})
-    last = group[-1].length
-    positions = sum(min(BS, last - b * BS) for b in union)
-    assert group[0].global_bytes == positions * kv_per_token
+    # each block as far as the furthest row that reads it
+    union = {b: max(min(BS, r.length - b * BS) for r in group if b in r.blocks)
+             for b in {b for r in group for b in r.blocks}}
+    assert group[0].global_bytes == sum(union.values()) * kv_per_token
     step_by_step = sum(r.global_bytes for r in ref.reads[first : first + 6])
     assert group[0].global_bytes < step_by_step
 
 
-def test_full_views_read_as_one_causal_prefill() -> None:
-    """Rows that read everything (vanilla) are a causal prefill over the sequence."""
+def test_rows_that_read_everything_count_the_sequence_once() -> None:
+    """Rows that read everything (vanilla) count every position once, as a causal
+    prefill over the sequence would."""
     model = tiny_model(seed=23)
     ids = prompt(70, 5)
 

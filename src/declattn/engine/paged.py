@@ -25,17 +25,10 @@ from declattn.engine.decode import (
     decode_batch,
     resolve_kernel,
 )
-from declattn.engine.forced_rows import (
-    RowsPlan,
-    plan_rows,
-    rows_attention,
-    window_blocks,
-    window_keys,
-)
 from declattn.engine.kv import KVCache, inverse_table
 from declattn.engine.prefill import prefill_attention, viewed_prefill_attention
 from declattn.engine.reads import BlockRead, ReadCounter
-from declattn.engine.runs import RunPlan, checked_view, plan_runs
+from declattn.engine.runs import RunPlan, checked_view, plan_runs, union_rows
 from declattn.engine.seq_step import SeqStep
 
 
@@ -44,15 +37,12 @@ class _SeqPlan:
     step: SeqStep
     row: int
     table: np.ndarray
-    global_runs: RunPlan | None
     # Decode rows: the logical index of each physical block of ``table`` (``inverse_table``),
     # with which a plan names the blocks its reads cover.
     inverse: np.ndarray | None = None
     # Prefill rows: pool rows of positions [0, length), a (lo, hi) range when the
     # sequence's blocks are physically consecutive (a zero-copy slice), else an index.
     key_rows: tuple[int, int] | Tensor | None = None
-    window_runs: dict[int, RunPlan] = field(default_factory=dict)
-    rows: RowsPlan | None = None  # several decode rows of one sequence
 
     def keys(self, pool: Tensor, lo: int, hi: int) -> Tensor:
         """Pool rows of positions ``[lo, hi)`` as ``[Hkv, hi - lo, D]``."""
@@ -61,6 +51,20 @@ class _SeqPlan:
         if isinstance(rows, tuple):
             return pool[:, rows[0] + lo : rows[0] + hi]
         return pool.index_select(1, rows[lo:hi])
+
+
+@dataclass
+class _DecodeRow:
+    """One decode row: the sequence it extends, its row in the step, its place among that
+    sequence's rows of the step (forced tokens put several there), the positions it may
+    read (its own included), and the runs it reads."""
+
+    seq: _SeqPlan
+    row: int
+    index: int
+    length: int
+    global_runs: RunPlan
+    window_runs: dict[int, RunPlan] = field(default_factory=dict)
 
 
 def _consecutive(table: np.ndarray) -> bool:
@@ -116,6 +120,7 @@ class PagedAttention(PlannedDecode):
         bs = cache.block_size
         seen: set[int] = set()
         plans: list[_SeqPlan] = []
+        decode: list[_DecodeRow] = []
         new_slots: list[Tensor] = []
         row = 0
         for st in steps:
@@ -131,73 +136,73 @@ class PagedAttention(PlannedDecode):
                 )
             n_blocks = -(-st.length // bs)
             table = cache.block_array(st.seq_id)[:n_blocks]
-            plan = _SeqPlan(st, row, table, None)
+            plan = _SeqPlan(st, row, table)
             if st.is_decode:
-                keep = range(n_blocks) if st.view is None else self._check_view(st, n_blocks)
-                plan.inverse = inverse = inverse_table(table)
-                plan.global_runs = plan_runs(table, keep, 0, st.length, bs, self._device, inverse)
+                plan.inverse = inverse_table(table)
+                decode += self._decode_rows_of(plan)
                 new_slots.append(cache.slots(st.seq_id, st.start, st.length))
+            elif _consecutive(table):
+                first = int(table[0]) * bs
+                plan.key_rows = (first, first + st.length)
+                new_slots.append(
+                    torch.arange(first + st.start, first + st.length, device=self._device)
+                )
             else:
-                if st.is_rows:
-                    plan.rows = self._rows_plan(st, table)
-                if _consecutive(table):
-                    first = int(table[0]) * bs
-                    plan.key_rows = (first, first + st.length)
-                    new_slots.append(
-                        torch.arange(first + st.start, first + st.length, device=self._device)
-                    )
-                else:
-                    slots = cache.slots(st.seq_id, 0, st.length)
-                    plan.key_rows = slots
-                    new_slots.append(slots[st.start :])
+                slots = cache.slots(st.seq_id, 0, st.length)
+                plan.key_rows = slots
+                new_slots.append(slots[st.start :])
             plans.append(plan)
             row += st.n_new
         self._plans = plans
         self._n_rows = row
-        self._decode_plans = [p for p in plans if p.step.is_decode]
-        self._decode_rows = _as_rows(
-            [torch.tensor([p.row for p in self._decode_plans], dtype=torch.int64)]
-            if self._decode_plans
-            else []
+        self._decode = decode
+        self._decode_index = _as_rows(
+            [torch.tensor([d.row for d in decode], dtype=torch.int64)] if decode else []
         )
-        self._selecting = any(p.step.select is not None for p in self._decode_plans)
-        self._batches: dict[int | None, RunBatch] = {}
+        self._selecting = any(p.step.select is not None for p in plans)
+        self._batches: dict[int | None, tuple[RunBatch, list[int]]] = {}
         self._new_slots = _as_rows(new_slots, native=cache.stores_natively())
         self.step = counter.begin_step() if counter is not None else -1
 
-    def _rows_plan(self, st: SeqStep, table: np.ndarray) -> RowsPlan:
-        if st.row_views is None or len(st.row_views) != st.n_new or st.select is not None:
+    def _decode_rows_of(self, plan: _SeqPlan) -> list[_DecodeRow]:
+        """The decode rows of a sequence's step: one, or its newest token and the forced
+        tokens after it (``SeqStep.row_views``), each over its own view up to its own
+        position. Every row's K/V is stored before any row attends, so row ``i`` reads
+        rows ``0 .. i - 1`` of its own step as it reads older positions."""
+        st, bs = plan.step, self.cache.block_size
+        views = (st.view,) if st.n_new == 1 else st.row_views
+        if views is None or len(views) != st.n_new or (st.n_new > 1 and st.select is not None):
             raise ValueError(
                 f"decode rows of sequence {st.seq_id} need a view per row and no selection"
             )
-        bs = self.cache.block_size
-        return plan_rows(st.seq_id, table, st.start, st.row_views, bs, self._device)
+        out = []
+        for i, view in enumerate(views):
+            length = st.start + i + 1
+            n_blocks = -(-length // bs)
+            keep = range(n_blocks) if view is None else checked_view(st.seq_id, view, n_blocks)
+            runs = plan_runs(plan.table, keep, 0, length, bs, self._device, plan.inverse)
+            out.append(_DecodeRow(plan, plan.row + i, i, length, runs))
+        return out
 
-    @staticmethod
-    def _check_view(st: SeqStep, n_blocks: int) -> np.ndarray:
-        return checked_view(st.seq_id, st.view if st.view is not None else (), n_blocks)
-
-    def _selected_runs(self, plan: _SeqPlan, layer: int, q: Tensor) -> RunPlan:
-        """The runs of the blocks ``plan.step.select`` picks for this layer and query."""
-        st = plan.step
+    def _selected_runs(self, d: _DecodeRow, layer: int, q: Tensor) -> RunPlan:
+        """The runs of the blocks ``d``'s step's ``select`` picks for this layer and query."""
+        st = d.seq.step
         assert st.select is not None
         blocks = st.select(layer, q)
         if blocks is None:  # the controller defers to its view on this layer
-            assert plan.global_runs is not None
-            return plan.global_runs
-        chosen = SeqStep(st.seq_id, st.start, st.n_new, blocks)
-        keep = self._check_view(chosen, len(plan.table))
-        return plan_runs(plan.table, keep, 0, st.length, self.cache.block_size, self._device)
+            return d.global_runs
+        n_blocks = len(d.seq.table)
+        keep = checked_view(st.seq_id, blocks, n_blocks)
+        return plan_runs(d.seq.table, keep, 0, d.length, self.cache.block_size, self._device)
 
-    def _window_runs(self, plan: _SeqPlan, window: int) -> RunPlan:
-        runs = plan.window_runs.get(window)
+    def _window_runs(self, d: _DecodeRow, window: int) -> RunPlan:
+        runs = d.window_runs.get(window)
         if runs is None:
-            st = plan.step
-            lo = max(0, st.length - window)
+            lo = max(0, d.length - window)
             bs = self.cache.block_size
-            keep = range(lo // bs, -(-st.length // bs))
-            runs = plan_runs(plan.table, keep, lo, st.length, bs, self._device, plan.inverse)
-            plan.window_runs[window] = runs
+            keep = range(lo // bs, -(-d.length // bs))
+            runs = plan_runs(d.seq.table, keep, lo, d.length, bs, self._device, d.seq.inverse)
+            d.window_runs[window] = runs
         return runs
 
     def __call__(
@@ -216,28 +221,23 @@ class PagedAttention(PlannedDecode):
             raise ValueError("window must be >= 1")
         self.cache.write(layer, self._new_slots, k, v)
         kp, vp = self.cache.k[layer], self.cache.v[layer]
-        only = self._plans[0]
-        if len(self._plans) == 1 and not only.step.is_decode and only.rows is None:
+        if len(self._decode) == self._n_rows:  # a pure decode step
+            return self._attend_decode(layer, kp, vp, q, scale, window)
+        if len(self._plans) == 1:  # one prefill piece
             return self._prefill(self._plans[0], kp, vp, q, scale, window)
-        if len(self._decode_plans) == len(self._plans):  # a pure decode step
-            return self._decode(layer, kp, vp, q, scale, window)
         out = torch.empty_like(q)
         for plan in self._plans:
             st, r = plan.step, plan.row
-            if plan.rows is not None:
-                out[r : r + st.n_new] = self._rows(
-                    layer, plan, kp, vp, q[r : r + st.n_new], scale, window
-                )
-            elif not st.is_decode:
+            if not st.is_decode:
                 out[r : r + st.n_new] = self._prefill(
                     plan, kp, vp, q[r : r + st.n_new], scale, window
                 )
-        if self._decode_plans:
-            rows = self._decode_rows
-            out[rows] = self._decode(layer, kp, vp, q[rows], scale, window, q)
+        if self._decode:
+            rows = self._decode_index
+            out[rows] = self._attend_decode(layer, kp, vp, q[rows], scale, window, q)
         return out
 
-    def _decode(
+    def _attend_decode(
         self,
         layer: int,
         kp: Tensor,
@@ -249,14 +249,14 @@ class PagedAttention(PlannedDecode):
     ) -> Tensor:
         """The decode rows' attention (``q``: theirs only; ``q_step``: the whole step's,
         where a selection hook needs a row's query by its step row)."""
-        batch = self._batch(layer, q if q_step is None else q_step, window)
-        self._record(layer, batch, window is not None)
+        batch, n_rows = self._batch(layer, q if q_step is None else q_step, window)
+        self._record(layer, batch, n_rows, window is not None)
         return decode_batch(kp, vp, q, batch, scale, self.kernel, self.placement_invariant)
 
     def decode_reads(self, windows: Sequence[int | None]) -> DecodeReads | str | None:
         """This step's reads on every layer for a native layer runner (``PlannedDecode``):
         a pure decode step with no query-aware selection, on the native kernels."""
-        if not self._decode_plans or len(self._decode_plans) != len(self._plans):
+        if not self._decode or len(self._decode) != self._n_rows:
             return None
         if len(windows) != len(self.cache.k):
             raise ValueError(f"{len(windows)} windows for {len(self.cache.k)} layers")
@@ -271,100 +271,79 @@ class PagedAttention(PlannedDecode):
         batches = [self._shared_batch(w) for w in windows]
 
         def record() -> None:
-            for layer, (batch, window) in enumerate(zip(batches, windows, strict=True)):
-                self._record(layer, batch, window is not None)
+            for layer, ((batch, n_rows), window) in enumerate(zip(batches, windows, strict=True)):
+                self._record(layer, batch, n_rows, window is not None)
 
         rows = self._new_slots
         assert isinstance(rows, Tensor), "a native store takes the rows as a tensor"
         return DecodeReads(
             self._n_rows, list(self.cache.k), list(self.cache.v), rows,
-            [b.runs for b in batches], [b.offsets for b in batches], MIN_SPLIT_ROWS, record,
+            [b.runs for b, _ in batches], [b.offsets for b, _ in batches], MIN_SPLIT_ROWS,
+            record,
         )
 
-    def _shared_batch(self, window: int | None) -> RunBatch:
+    def _shared_batch(self, window: int | None) -> tuple[RunBatch, list[int]]:
         """The runs of every decode row on a global (``None``) or window layer without
-        query-aware selection: one batch per step and kind of layer."""
+        query-aware selection, and the pool rows each is counted for: one batch per step
+        and kind of layer."""
         if window not in self._batches:
             runs = [
-                p.global_runs if window is None else self._window_runs(p, window)
-                for p in self._decode_plans
+                d.global_runs if window is None else self._window_runs(d, window)
+                for d in self._decode
             ]
-            self._batches[window] = RunBatch.of(runs)  # type: ignore[arg-type]
+            self._batches[window] = (RunBatch.of(runs), self._counted_rows(runs))
         return self._batches[window]
 
-    def _batch(self, layer: int, q: Tensor, window: int | None) -> RunBatch:
+    def _batch(self, layer: int, q: Tensor, window: int | None) -> tuple[RunBatch, list[int]]:
         """The runs of every decode row on this layer, as one kernel call reads them.
         Global and window layers reuse one batch per step; query-aware selection plans
-        its rows afresh on every layer."""
+        its rows afresh on every layer (one row per sequence: a step that selects has no
+        forced rows)."""
         if window is not None or not self._selecting:
             return self._shared_batch(window)
-        plans = self._decode_plans
-        return RunBatch.of(
-            [
-                self._selected_runs(p, layer, q[p.row]) if p.step.select is not None
-                else p.global_runs
-                for p in plans
-            ]
-        )
+        runs = [
+            self._selected_runs(d, layer, q[d.row]) if d.seq.step.select is not None
+            else d.global_runs
+            for d in self._decode
+        ]
+        return RunBatch.of(runs), [r.n_rows for r in runs]
 
-    def _record(self, layer: int, batch: RunBatch, sliding: bool) -> None:
+    def _counted_rows(self, runs: Sequence[RunPlan]) -> list[int]:
+        """The pool rows each decode row's reads count. A row alone counts its runs. The
+        rows of one sequence (its newest token and the forced tokens after it) walk
+        overlapping runs one after another in one kernel call, the later walks over rows
+        the first has just brought into cache: their union counts once, on the first."""
+        out = [r.n_rows for r in runs]
+        i = 0
+        while i < len(runs):
+            n = self._decode[i].seq.step.n_new
+            if n > 1:
+                out[i : i + n] = [union_rows(runs[i : i + n])] + [0] * (n - 1)
+            i += n
+        return out
+
+    def _record(self, layer: int, batch: RunBatch, n_rows: list[int], sliding: bool) -> None:
         if self.counter is None:
             return
         per_token = self._bytes_per_token
-        for plan, runs in zip(self._decode_plans, batch.plans, strict=True):
+        for d, runs, rows in zip(self._decode, batch.plans, n_rows, strict=True):
             self.counter.record(
                 BlockRead(
                     step=self.step,
                     layer=layer,
-                    seq_id=plan.step.seq_id,
+                    seq_id=d.seq.step.seq_id,
                     blocks=runs.blocks,
-                    n_bytes=runs.n_rows * per_token,
+                    n_bytes=rows * per_token,
                     sliding=sliding,
+                    row=d.index,
                 )
             )
-
-    def _rows(
-        self,
-        layer: int,
-        plan: _SeqPlan,
-        kp: Tensor,
-        vp: Tensor,
-        q: Tensor,
-        scale: float,
-        window: int | None,
-    ) -> Tensor:
-        """Several decode rows of one sequence: each over its own view (global layers) or
-        window, the K/V they read gathered once, and each row's reads counted."""
-        rows = plan.rows
-        assert rows is not None
-        st, bs = plan.step, self.cache.block_size
-        if window is not None:
-            blocks = window_blocks(st.start, st.n_new, window, bs)
-            keys = window_keys(st.start, st.n_new, window)
-        else:
-            blocks, keys = list(rows.blocks), rows.n_keys
-        self._record_rows(layer, st.seq_id, blocks, keys, window is not None)
-        if window is not None or rows.full:  # a causal prefill over what they read
-            return self._prefill(plan, kp, vp, q, scale, window)
-        return rows_attention(rows, q, kp, vp, scale)
-
-    def _record_rows(
-        self, layer: int, seq_id: int, blocks: Sequence[tuple[int, ...]], keys: int, sliding: bool
-    ) -> None:
-        """One record per row; the gathered bytes, read once, on the first."""
-        if self.counter is None:
-            return
-        for i, kept in enumerate(blocks):
-            n_bytes = keys * self._bytes_per_token if i == 0 else 0
-            self.counter.record(BlockRead(self.step, layer, seq_id, kept, n_bytes, sliding, i))
 
     def _prefill(
         self, plan: _SeqPlan, kp: Tensor, vp: Tensor, q: Tensor, scale: float, window: int | None
     ) -> Tensor:
         st = plan.step
-        if window is None and not st.decode_rows and st.row_views is not None and any(
-            st.row_views
-        ):
+        if window is None and st.row_views is not None and any(st.row_views):
             return viewed_prefill_attention(
                 q, plan.keys(kp, 0, st.length), plan.keys(vp, 0, st.length), st.start, scale,
                 st.row_views, self.cache.block_size,

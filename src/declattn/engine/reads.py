@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 class BlockRead:
     """What one decode row read in one layer call; ``blocks``: the logical blocks, sorted
     and unique (as ``RunPlan`` names them). ``row``: the row's place among its
-    sequence's rows of the step (several where a forward carries forced tokens; their
-    K/V is gathered once, so its bytes are on row 0 and the other rows count none)."""
+    sequence's rows of the step (several where a forward carries forced tokens; they
+    walk overlapping runs one after another, so the union of their rows is counted
+    once, on row 0, and the other rows count none)."""
 
     step: int
     layer: int

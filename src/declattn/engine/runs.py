@@ -128,6 +128,20 @@ class RunPlan:
         return Pieces(slices, gather)
 
 
+def union_rows(plans: Sequence[RunPlan]) -> int:
+    """Distinct pool rows the ``plans`` read together (their ranges merged): what rows of
+    one sequence that walk overlapping runs in one call read from memory."""
+    if len(plans) == 1:
+        return plans[0].n_rows
+    r = np.concatenate([p.rows for p in plans])
+    if not r.size:
+        return 0
+    r = r[np.argsort(r[:, 0], kind="stable")]
+    reach = np.maximum.accumulate(r[:, 1])  # the furthest row covered so far
+    starts = np.maximum(r[1:, 0], reach[:-1])  # a range counts only past what came before
+    return int(r[0, 1] - r[0, 0] + np.maximum(0, r[1:, 1] - starts).sum())
+
+
 def plan_runs(
     table: Sequence[int],
     keep: Sequence[int],

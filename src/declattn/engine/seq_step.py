@@ -41,8 +41,8 @@ class SeqStep:
     row's view."""
     decode_rows: bool = False
     """The ``n_new`` rows are decode rows (a newest token and the forced tokens after it,
-    ``Controller.forced``): each reads its ``row_views`` entry, and the reads are
-    counted, their K/V gathered once for all the rows (``forced_rows.py``)."""
+    ``Controller.forced``): each reads its ``row_views`` entry up to its own position,
+    as a decode row of its own (``paged.py``)."""
 
     @property
     def length(self) -> int:
@@ -51,9 +51,5 @@ class SeqStep:
 
     @property
     def is_decode(self) -> bool:
-        return self.n_new == 1
-
-    @property
-    def is_rows(self) -> bool:
-        """Several decode rows of one sequence (``decode_rows``)."""
-        return self.decode_rows and self.n_new > 1
+        """Its rows are decode rows: one new token, or ``decode_rows``."""
+        return self.n_new == 1 or self.decode_rows
