@@ -87,6 +87,18 @@ def test_live_equals_replay_with_forced_tokens(engine):
     assert "".join(seq.token_texts) == sess.text
 
 
+def test_the_opening_lt_sign_is_computed_with_the_prompt(engine):
+    """An economical reply must open with a tag, so its ``<`` is fixed: it is accepted
+    before the first sample and its row runs in the forward that completes the prompt,
+    reading its own view (the read counter == the view), with no decode forward."""
+    sess, seq = scripted(engine, ECONOMY)
+    lt = engine.tokenizer.encode("<", add_special_tokens=False)
+    assert seq.output_ids[: len(lt)] == lt and seq.reads[0].forced
+    assert seq.reads[0].blocks == sess.expected_views[0]
+    _, step_seq = scripted(engine, dataclasses.replace(ECONOMY, jump_forward=False))
+    assert not step_seq.reads[0].forced and step_seq.output_ids[: len(lt)] == lt
+
+
 def test_off_means_one_decode_step_a_token(engine):
     sess, seq = scripted(engine, dataclasses.replace(ECONOMY, jump_forward=False))
     assert not any(r.forced for r in seq.reads)

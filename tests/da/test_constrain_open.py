@@ -4,10 +4,17 @@ answer follows a find focus at once: only the rest of ``<answer>`` may come next
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from declattn.da.constrain_open import AnswerNextConstraint, OpeningConstraint, OpeningVocab
+from declattn.da.constrain_open import (
+    AnswerNextConstraint,
+    OpeningConstraint,
+    OpeningVocab,
+    opens_alone,
+)
 from declattn.da.state import HEADS, DAState
 from declattn.protocol.layout import Layout, Span
 
@@ -33,6 +40,34 @@ def test_the_constraint_holds_the_first_token_only():
     state.feed(1, "<")
     assert all(c.allowed_ids(state.reader.pending) is None for c in state.constraints
                if isinstance(c, OpeningConstraint))
+
+
+@pytest.mark.parametrize("alone", [True, False])
+def test_a_reply_that_opens_with_a_tag_has_its_lt_sign_fixed_where_it_is_a_token(alone):
+    vocab = dataclasses.replace(OpeningVocab.from_texts(TEXTS), opens_alone=alone)
+    state = DAState(LAYOUT, ["some chunk text"], focus_form="find", opening_vocab=vocab)
+    assert state.forced_text() == ("<" if alone else None)
+    state.feed(1, "<")
+    assert state.forced_text() is None  # "<" alone fixes nothing more
+    no_rule = DAState(LAYOUT, ["some chunk text"], focus_form="find")
+    assert no_rule.forced_text() is None
+
+
+def test_opens_alone_reads_the_tokenizers_own_tokenisation(smol_tokenizer):
+    class WholeTags:
+        """Each tag a token of its own (as da-tiny's vocabulary has them)."""
+
+        tags = ("<focus", "<global>", "<local>", "<answer>")
+
+        def encode(self, text, add_special_tokens=False):
+            return [self.tags.index(text)]
+
+        def decode(self, ids, skip_special_tokens=True):
+            return "".join(self.tags[i] for i in ids)
+
+    assert opens_alone(smol_tokenizer)
+    assert not opens_alone(WholeTags())
+    assert OpeningVocab.from_texts(TEXTS).opens_alone is False  # unless a tokenizer says so
 
 
 def test_a_tokenizer_with_no_tag_opening_is_refused():

@@ -211,7 +211,7 @@ def test_healing_replaces_the_newest_sampled_token() -> None:
 def test_healing_text_that_does_not_start_with_the_token_is_an_error() -> None:
     class Bad(Forcing):
         def forced(self):
-            return ForcedTokens((HEALED,), replaces_last=True)
+            return ForcedTokens((HEALED,), replaces_last=True) if self.sampled else None
 
     model = tiny_model(seed=24)
     eng = PagedEngine(model, HealTok("?"), num_blocks=64, block_size=BS)
@@ -220,6 +220,16 @@ def test_healing_text_that_does_not_start_with_the_token_is_an_error() -> None:
         while eng.has_work:
             eng.step()
     assert len(seq.output_ids) == 1  # the sampled token stays
+
+
+def test_healing_before_the_first_token_is_an_error() -> None:
+    class Bad(Forcing):
+        def forced(self):
+            return ForcedTokens((HEALED,), replaces_last=True)
+
+    eng = PagedEngine(tiny_model(seed=24), HealTok("?"), num_blocks=64, block_size=BS)
+    with pytest.raises(ValueError, match="a reply's start has none"):
+        eng.add(Bad(prompt(20, 1), {}), SamplingParams(max_tokens=4, ignore_eos=True))
 
 
 @pytest.mark.parametrize("rule", ["eos", "stop", "length"])
@@ -293,3 +303,62 @@ def test_preempted_sequences_with_forced_rows_resume_with_their_views(monkeypatc
     assert [s.output_ids for s in together] == [s.output_ids for s in alone]
     assert [[r.blocks for r in s.reads] for s in together] == [
         [r.blocks for r in s.reads] for s in alone]
+
+
+class Opening(Narrowing):
+    """Forces ``opening`` before its first sample (a reply's fixed start), nothing after."""
+
+    def __init__(self, ids: list[int], opening: tuple[int, ...], **kw) -> None:
+        super().__init__(ids, **kw)
+        self.opening = opening
+        self.asked = 0
+
+    def forced(self):
+        self.asked += 1
+        return ForcedTokens(self.opening) if self.asked == 1 else None
+
+
+def test_tokens_forced_before_the_first_sample_ride_the_prompts_last_forward() -> None:
+    model = tiny_model(seed=26)
+    ids = prompt(100, 8)
+    ctl = Opening(ids, (7, 8, 9))
+    seq, events = run(engine(model), ctl, 10)
+    assert seq.output_ids[:3] == [7, 8, 9]
+    assert [e.token_id for e in events] == seq.output_ids  # reported first, in order
+    teacher = Forced(Narrowing(ids), seq.output_ids, keep_logits=True)
+    ref, _ = run(engine(model, forcing=False), teacher, 10)
+    assert ref.output_ids == seq.output_ids
+    assert len(ctl.logits) == 7  # the prompt's own logits are not sampled from
+    for got, i in zip(ctl.logits, range(3, 10), strict=True):
+        torch.testing.assert_close(got, teacher.logits[i], rtol=1e-4, atol=1e-4)
+    # each row read the view its controller gave; the three opening rows ran in the
+    # forward that completed the prompt, so they are no decode forward of their own
+    assert ctl.views == teacher.inner.views
+    assert [r.blocks for r in seq.reads] == [r.blocks for r in ref.reads]
+    assert [r.forced for r in seq.reads[:3]] == [True] * 3
+    assert sum(not r.forced for r in seq.reads) == len(ref.reads) - 3
+
+
+def test_an_opening_that_finishes_the_reply_reports_it_and_frees_its_blocks() -> None:
+    eng = engine(tiny_model(seed=27))
+    free = eng.cache.num_free_blocks
+    seq, events = run(eng, Opening(prompt(40, 9), (7, 8, 9)), 2)
+    assert seq.finish_reason == "length" and seq.output_ids == [7, 8]
+    assert [e.token_id for e in events] == [7, 8] and events[-1].finish_reason == "length"
+    assert not eng.has_work and eng.cache.num_free_blocks == free
+
+
+def test_an_opening_beside_a_running_sequence_changes_neither_text() -> None:
+    model = tiny_model(seed=28)
+    a_ids, b_ids = prompt(90, 10), prompt(70, 11)
+    alone_a, _ = run(engine(model), Controller(a_ids), 12)
+    alone_b, _ = run(engine(model), Opening(b_ids, (5, 6)), 8)
+    eng = engine(model)
+    a = eng.add(Controller(a_ids), SamplingParams(max_tokens=12, ignore_eos=True))
+    for _ in range(4):
+        eng.step()
+    b = eng.add(Opening(b_ids, (5, 6)), SamplingParams(max_tokens=8, ignore_eos=True))
+    while eng.has_work:
+        eng.step()
+    assert a.output_ids == alone_a.output_ids and b.output_ids == alone_b.output_ids
+    assert b.output_ids[:2] == [5, 6]

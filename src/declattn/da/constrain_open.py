@@ -24,6 +24,7 @@ Torch-free, like ``constrain.py``: it gives ids; ``declattn.api.constrained`` ma
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,9 @@ class OpeningVocab:
 
     texts: Mapping[int, str]
     inner: Mapping[int, str] = field(default_factory=dict)
+    opens_alone: bool = False
+    """The tokenizer writes ``<`` as a token of its own at the start of every tag, so a
+    reply that must open with a tag has ``<`` as fixed text (``DAState.forced_text``)."""
 
     @classmethod
     def from_texts(
@@ -61,7 +65,8 @@ class OpeningVocab:
 
     @classmethod
     def from_tokenizer(cls, tokenizer: Any) -> OpeningVocab:
-        return cls.from_texts(token_texts(tokenizer, ""), token_texts(tokenizer, "<"))
+        vocab = cls.from_texts(token_texts(tokenizer, ""), token_texts(tokenizer, "<"))
+        return dataclasses.replace(vocab, opens_alone=opens_alone(tokenizer))
 
     def ids_for(self, heads: Sequence[str]) -> tuple[int, ...]:
         """Token ids whose text is the start of (or the whole of) an opening tag: one of
@@ -73,6 +78,13 @@ class OpeningVocab:
         """Token ids whose text, written mid-reply, is a start of ``rest`` (a part of
         ``<answer>``)."""
         return tuple(i for i, t in self.inner.items() if rest.startswith(t))
+
+
+def opens_alone(tokenizer: Any) -> bool:
+    """Whether ``tokenizer`` writes every opening tag with ``<`` as its first token, alone
+    (Qwen's, SmolLM2's, Gemma's; not a vocabulary with each tag a token of its own)."""
+    firsts = [tokenizer.encode(t, add_special_tokens=False)[:1] for t in ("<focus", *OPENINGS)]
+    return all(ids and tokenizer.decode(ids) == "<" for ids in firsts)
 
 
 class OpeningConstraint:

@@ -23,9 +23,10 @@ token after a block boundary that turns out to be prose (no tag) is the one step
 reads less than its mode would. Replay applies the same rule from the same class, and
 the training mask builder uses replay, so all three agree row by row.
 
-The fixed text (``forced_text``) is the rest of a tag once the pending text can only
-become one tag the current mode allows: ``</fo`` in a focus can only be ``</focus>``,
-``<focus find="lake shore"`` can only be closed by ``>``, ``<ans`` only ``<answer>``.
+The fixed text (``forced_text``) is ``<`` before a reply that must open with a tag, and
+the rest of a tag once the pending text can only become one tag the current mode
+allows: ``</fo`` in a focus can only be ``</focus>``, ``<focus find="lake shore"`` can
+only be closed by ``>``, ``<ans`` only ``<answer>``.
 With ``answer_vocab`` (``DAOptions.answer_after_find``) the answer follows a find focus at
 once: right after ``<focus find="...">`` the fixed text is the rest of ``<answer>``
 (``due_answer``), and a constraint holds a caller that samples it to that text.
@@ -135,6 +136,7 @@ class DAState:
             find.prepare()  # its index is built now, not on the first step inside a tag
             self.constraints.append(find)
         self.opening = None
+        self.opens_alone = opening_vocab is not None and opening_vocab.opens_alone
         if opening_vocab is not None:
             self.opening = OpeningConstraint(opening_vocab.ids_for(self.heads))
             self.constraints.append(self.opening)
@@ -181,8 +183,12 @@ class DAState:
         return Scope(self.layout, self.reader.mode, self.reader.focus_ids)
 
     def forced_text(self) -> str | None:
-        """The text the protocol fixes next: the rest of a due ``<answer>``, else
+        """The text the protocol fixes next: ``<`` before a reply that must open with a
+        tag (every tag starts with it; where the tokenizer writes it as a token of its
+        own, ``OpeningVocab.opens_alone``), the rest of a due ``<answer>``, else
         ``fixed_continuation`` of the pending tag."""
+        if self.opens_alone and self.opening is not None and not self.opening.written:
+            return "<"
         due = self.due_answer()
         if due is not None:
             return due

@@ -6,8 +6,9 @@ stop string cuts it (a tail that may begin one is held back), EOS and ``max_toke
 finish it, and the controller's ``on_token`` sees it and may finish it too. So a client
 streaming the reply cannot tell a forced token from a sampled one.
 
-Forced tokens (``Controller.forced``) are asked for after each accepted token while the
-sequence goes on. They are not in the KV cache yet: the sequence's next forward computes
+Forced tokens (``Controller.forced``) are asked for at admission (the fixed start of a
+reply, ``opening``) and after each sampled or forced token accepted while the sequence
+goes on. They are not in the KV cache yet: the sequence's next forward computes
 their rows with its newest token's. Each row's view is asked for when the token after it
 is accepted, before ``on_token`` sees that token, so a row's view is the controller's
 state after the row's own input token, as in decode; a token that finishes the sequence
@@ -45,6 +46,29 @@ class Acceptor:
         token = sample(logits, seq.params, seq.generator)
         events = [self.accept(seq, token)]
         events += self._forced(seq)
+        return events
+
+    def opening(self, seq: Request) -> tuple[int, ...]:
+        """The tokens ``seq``'s controller fixes before its first sample (the start of a
+        reply), asked once, at admission; ``accept_opening`` accepts them in the step
+        that completes the prompt, which runs their rows (``scheduler.py``)."""
+        forced = seq.controller.forced() if self.forcing else None
+        if forced is None:
+            return ()
+        if forced.replaces_last:
+            raise ValueError("token healing takes back a sampled token, and a reply's "
+                             "start has none")
+        return tuple(forced.tokens)
+
+    def accept_opening(self, seq: Request) -> list[TokenEvent]:
+        """Accept ``seq.opening`` (until one finishes the sequence). What the controller
+        forces after them is asked for after the next sampled token."""
+        events: list[TokenEvent] = []
+        for token in seq.opening:
+            events.append(self.accept(seq, token))
+            if seq.finish_reason is not None:
+                break
+        seq.opening = ()
         return events
 
     def accept(self, seq: Request, token: int, given: str = "") -> TokenEvent:

@@ -75,13 +75,16 @@ class Controller:
         """Tokens the protocol fixes next, appended without sampling (jump-forward);
         ``None`` (the default) samples the next token as usual.
 
-        Asked after a token is accepted (sampled or forced) while the sequence goes on,
-        unless tokens it returned earlier are still to be appended: those are appended
-        first, each through the ordinary acceptance (text, stop strings, ``max_tokens``,
-        EOS, ``on_token``). The view of each row is asked for in order, interleaved with
-        ``on_token``: a row's view is the state after its input token, as in decode. A
-        row whose sequence the controller itself finishes before the next forward (its
-        ``on_token`` returns a reason) never runs, though its view was asked for."""
+        Asked once at admission: tokens returned then are the reply's fixed start,
+        accepted when the prompt's last piece runs and computed in that forward (no
+        healing: there is no token to take back). Then asked after each sampled token,
+        and each token forced after one, while the sequence goes on; tokens it returned
+        are appended first, each through the ordinary acceptance (text, stop strings,
+        ``max_tokens``, EOS, ``on_token``). The view of each row is asked for in order,
+        interleaved with ``on_token``: a row's view is the state after its input token,
+        as in decode. A row whose sequence the controller itself finishes before the
+        next forward (its ``on_token`` returns a reason) never runs, though its view was
+        asked for."""
         return None
 
     def regions(self, start: int, stop: int) -> list[int]:

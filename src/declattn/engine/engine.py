@@ -171,6 +171,7 @@ class PagedEngine:
             detok=Detokenizer(self.tokenizer),
             generator=params.generator(),
         )
+        seq.opening = self.acceptor.opening(seq)
         seq.cached_tokens = self.prompts.share(seq, len(self.running))
         self.waiting.append(seq)
         return seq
@@ -227,19 +228,23 @@ class PagedEngine:
         plan = self.scheduler.schedule()
         if plan.prefill is None and not plan.decode:
             return []
+        events: list[TokenEvent] = []
         if plan.prefill is not None:
             self._hold_dense(True)
+            if plan.prefill.last and plan.prefill.seq.opening:
+                events += self.acceptor.accept_opening(plan.prefill.seq)  # rows run now
         try:
             rows = self.forward.run(plan)
         finally:
             self.counter.reset()  # a failed step leaves no records behind
-        events: list[TokenEvent] = []
         for r in rows:
             seq = r.seq
-            spent = r.seconds
+            spent = 0.0 if r.with_prefill else r.seconds  # that forward is the prompt's
+            completed = False
             if not r.decode:
                 assert plan.prefill is not None
                 self.scheduler.prefilled(plan.prefill)
+                completed = plan.prefill.last
             if r.logits is not None:
                 t0 = time.perf_counter()
                 events += self.acceptor.sampled(seq, r.logits)
@@ -248,7 +253,7 @@ class PagedEngine:
                 seq.decode_seconds += spent
             else:
                 seq.prefill_seconds += spent
-            if r.logits is not None and seq.finish_reason is not None:
+            if (r.logits is not None or completed) and seq.finish_reason is not None:
                 self.scheduler.remove(seq)
         if not self.scheduler.waiting:
             self._hold_dense(False)

@@ -1,7 +1,8 @@
 """One step's model call: the rows a ``StepPlan`` names, through the model, in one forward.
 
-Rows go in plan order: the prefill piece first, then each decoding sequence's rows (its
-newest token, after the forced tokens waiting before it, if any). The piece first keeps
+Rows go in plan order: the prefill piece first (and, where it completes its sequence,
+the rows of the tokens the sequence holds past it), then each decoding sequence's rows
+(its newest token, after the forced tokens waiting before it, if any). The piece first keeps
 its rows where they sit when it runs alone, so its K/V does not depend on the decode rows
 beside it (the projections of a row do not depend on the other rows of the call). Each
 decode row is given its view here, just before the forward, as a decode step always
@@ -43,6 +44,8 @@ class Rows:
     step: SeqStep
     decode: bool
     samples: bool
+    with_prefill: bool = False
+    """Decode rows riding the forward that completes the sequence's prompt."""
     logits: Tensor | None = None
     seconds: float = 0.0
 
@@ -102,6 +105,10 @@ class Forward:
             step = SeqStep(p.seq.seq_id, p.start, p.stop - p.start,
                            row_views=views if any(views) else None)
             out.append(Rows(p.seq, step, False, p.last and not p.seq.output_ids))
+            if p.last and p.seq.length > p.stop and p.seq.finish_reason is None:
+                # tokens it holds past the piece (forced at its start, or waiting when it
+                # was preempted): their rows run now, and it samples from the last
+                out.append(Rows(p.seq, self._decode_step(p.seq), True, True, with_prefill=True))
         for seq in plan.decode:
             out.append(Rows(seq, self._decode_step(seq), True, True))
         return out
@@ -178,7 +185,7 @@ class Forward:
                 global_bytes=counter.row_bytes(step, seq.seq_id, i),
                 sliding_bytes=counter.row_bytes(step, seq.seq_id, i, sliding=True),
                 seconds=elapsed,
-                forced=i < st.n_new - 1,
+                forced=i < st.n_new - 1 or r.with_prefill,
             ))
         return out
 

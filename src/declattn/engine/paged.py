@@ -67,6 +67,12 @@ class _DecodeRow:
     window_runs: dict[int, RunPlan] = field(default_factory=dict)
 
 
+def _continues(before: SeqStep, after: SeqStep) -> bool:
+    """Whether ``after`` may follow ``before`` of the same sequence in one step: decode
+    rows right after the prefill piece that completes its prompt (``scheduler.py``)."""
+    return not before.is_decode and after.is_decode and after.start == before.length
+
+
 def _consecutive(table: np.ndarray) -> bool:
     return table.size < 2 or bool((np.diff(table) == 1).all())
 
@@ -118,15 +124,16 @@ class PagedAttention(PlannedDecode):
         self._bytes_per_token = cache.config.bytes_per_token  # a property that allocates
         self._device = str(cache.config.device)
         bs = cache.block_size
-        seen: set[int] = set()
+        seen: dict[int, SeqStep] = {}
         plans: list[_SeqPlan] = []
         decode: list[_DecodeRow] = []
         new_slots: list[Tensor] = []
         row = 0
         for st in steps:
-            if st.seq_id in seen:
+            before = seen.get(st.seq_id)
+            if before is not None and not _continues(before, st):
                 raise ValueError(f"sequence {st.seq_id} appears twice in one step")
-            seen.add(st.seq_id)
+            seen[st.seq_id] = st
             if st.start < 0 or st.n_new < 1:
                 raise ValueError(f"bad step for sequence {st.seq_id}: {st}")
             if cache.capacity(st.seq_id) < st.length:

@@ -23,10 +23,11 @@ class StepRead:
     decode step, or one per row of a forward that carries forced tokens.
 
     ``forced``: the row's input is a forced token (its output was not sampled either,
-    but for the last row of a forward); a forward of ``1 + k`` rows holds ``k`` forced
-    ones, so the rows of a reply are ``len(reads)`` and its forwards the reads that are
-    not forced. The bytes of K/V a forward gathers once for all its rows are on its first
-    row (``global_bytes``/``sliding_bytes``); ``blocks`` is each row's own view."""
+    but for the last row of a forward), or the row rode the forward that completed the
+    prompt; a decode forward of ``1 + k`` rows holds ``k`` forced ones, so the rows of a
+    reply are ``len(reads)`` and its decode forwards the reads that are not forced. The
+    K/V bytes the rows of one forward read together count once, on its first row
+    (``global_bytes``/``sliding_bytes``); ``blocks`` is each row's own view."""
 
     index: int
     length: int
@@ -80,6 +81,9 @@ class Request:
     """Wall seconds of the forwards that ran this sequence's prompt rows / decode rows,
     each with the time its controller and the sampler took over the token they gave
     (constraints, the DA state, forced text): what a user waits for."""
+    opening: tuple[int, ...] = ()
+    """Tokens the controller fixed at admission (``Acceptor.opening``), accepted by the
+    step that completes the prompt, which runs their rows with its piece."""
     pending_views: list[tuple[int, ...] | None] = field(default_factory=list, repr=False)
     """Views already asked for the rows before the newest token that are not in the KV
     cache yet (forced tokens: see ``Controller.forced``); the next forward runs them."""

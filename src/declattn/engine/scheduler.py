@@ -7,6 +7,12 @@ prefills: a step costs its piece plus its decode rows, never a whole long prefil
 ``prefill_first`` keeps the older rule, for comparison: a step is either a piece of the
 first waiting prompt (whenever it has room) or one decode row of every running sequence.
 
+The step that completes a sequence's prompt (or its recompute) also runs the rows of the
+tokens it already holds past it: tokens its controller forced before its first sample
+(``Controller.forced``, asked at admission), or, for a preempted sequence, its newest
+token and the forced ones waiting with it. Their K/V is stored with the piece's, and
+the sequence samples from its last row, so it needs no decode step of its own first.
+
 A piece never crosses a multiple of the prefill chunk, and inside a chunk it is cut at
 multiples of the budget (``prefill_budget`` rows at the prompt's start, fewer further in
 as each row's attention grows: ``row_cost.py``), so where a piece starts depends on the
@@ -136,9 +142,9 @@ class Scheduler:
         way would only get it preempted again."""
         target = self.target(seq)
         if seq.preemptions:
-            stop = max(seq.length, target + 1)
+            stop = max(seq.length + len(seq.opening), target + 1)
         else:
-            stop = self.piece_stop(seq.prefilled, target)
+            stop = self.blocks_to(seq, self.piece_stop(seq.prefilled, target), target)
         needed = -(-stop // self.cache.block_size) - len(self.cache.block_table(seq.seq_id))
         return needed + len(self.running) <= self.cache.num_free_blocks
 
@@ -148,8 +154,16 @@ class Scheduler:
             self.prompts.share(seq, len(self.running))  # resuming: its prompt blocks, if cached
         start, target = seq.prefilled, self.target(seq)
         stop = self.piece_stop(start, target)
-        self._grow(seq, stop)
+        self._grow(seq, self.blocks_to(seq, stop, target))
         return Piece(seq, start, stop, stop == target)
+
+    @staticmethod
+    def blocks_to(seq: Request, stop: int, target: int) -> int:
+        """Positions a piece ending at ``stop`` needs blocks for: the piece's, and where it
+        completes ``seq``, its tokens past the target too (fixed before its first
+        sample, ``Request.opening``, or waiting when it was preempted): their rows run in
+        the same step (``forward.py``)."""
+        return max(stop, seq.length + len(seq.opening)) if stop == target else stop
 
     # -- blocks --------------------------------------------------------------------
     def _make_room(self, seqs: list[Request]) -> list[Request]:
