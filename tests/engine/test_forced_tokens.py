@@ -362,3 +362,12 @@ def test_an_opening_beside_a_running_sequence_changes_neither_text() -> None:
         eng.step()
     assert a.output_ids == alone_a.output_ids and b.output_ids == alone_b.output_ids
     assert b.output_ids[:2] == [5, 6]
+
+
+def test_a_controller_that_selects_blocks_cannot_force_its_start() -> None:
+    class Selecting(Opening):
+        selects_blocks = True
+
+    eng = engine(tiny_model(seed=29))
+    with pytest.raises(ValueError, match="selects blocks by query cannot force"):
+        eng.add(Selecting(prompt(30, 12), (7,)), SamplingParams(max_tokens=4, ignore_eos=True))

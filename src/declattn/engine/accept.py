@@ -28,6 +28,9 @@ from declattn.engine.request import Request, TokenEvent
 from declattn.engine.sampler import sample
 from declattn.engine.stops import cut_at_stop
 
+_SELECTS = ("forced tokens need views known before the forward; a controller that "
+            "selects blocks by query cannot force")
+
 
 class Acceptor:
     """Accepts the tokens of the engine's sequences (``eos``: the ids that end one)."""
@@ -53,8 +56,10 @@ class Acceptor:
         reply), asked once, at admission; ``accept_opening`` accepts them in the step
         that completes the prompt, which runs their rows (``scheduler.py``)."""
         forced = seq.controller.forced() if self.forcing else None
-        if forced is None:
+        if forced is None or not forced.tokens:
             return ()
+        if seq.controller.selects_blocks:
+            raise ValueError(_SELECTS)
         if forced.replaces_last:
             raise ValueError("token healing takes back a sampled token, and a reply's "
                              "start has none")
@@ -108,8 +113,7 @@ class Acceptor:
             if forced is None or not forced.tokens:
                 break
             if seq.controller.selects_blocks:
-                raise ValueError("forced tokens need views known before the forward; "
-                                 "a controller that selects blocks by query cannot force")
+                raise ValueError(_SELECTS)
             tokens = list(forced.tokens)
             given = self._take_back(seq, forced, first) if forced.replaces_last else ""
             for token in tokens:
