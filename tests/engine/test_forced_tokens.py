@@ -371,3 +371,14 @@ def test_a_controller_that_selects_blocks_cannot_force_its_start() -> None:
     eng = engine(tiny_model(seed=29))
     with pytest.raises(ValueError, match="selects blocks by query cannot force"):
         eng.add(Selecting(prompt(30, 12), (7,)), SamplingParams(max_tokens=4, ignore_eos=True))
+
+
+def test_an_opening_after_a_one_row_last_piece() -> None:
+    """A prompt whose last piece is one row (65 tokens, pieces of 64): that row is a
+    prefill row, and the opening's rows ride the same forward."""
+    model = tiny_model(seed=30)
+    ids = prompt(65, 13)
+    seq, _ = run(engine(model), Opening(ids, (7, 8)), 6)
+    ref, _ = run(engine(model, forcing=False), Forced(Narrowing(ids), seq.output_ids), 6)
+    assert seq.output_ids[:2] == [7, 8] and ref.output_ids == seq.output_ids
+    assert [r.blocks for r in seq.reads] == [r.blocks for r in ref.reads]

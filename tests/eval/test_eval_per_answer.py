@@ -76,12 +76,12 @@ def test_per_answer_is_each_sample_over_its_vanilla_reply_mean_and_median(rows):
         pairs = list(zip(mine, van, strict=True))
         reads = [a["totals"]["logical"] / b["totals"]["logical"] for a, b in pairs]
         kv = [a["kv_bytes"] / b["kv_bytes"] for a, b in pairs]
-        steps = [a["totals"]["steps"] / b["totals"]["steps"] for a, b in pairs]
+        forwards = [a["forwards"] / b["forwards"] for a, b in pairs]
         secs = [a["timing"]["decode_seconds"] / b["timing"]["decode_seconds"] for a, b in pairs]
         assert s.per_answer.mean.attended == pytest.approx(fmean(reads))
         assert s.per_answer.median.attended == pytest.approx(median(reads))
         assert s.per_answer.mean.kv_bytes == pytest.approx(fmean(kv))
-        assert s.per_answer.mean.forwards == pytest.approx(fmean(steps))
+        assert s.per_answer.mean.forwards == pytest.approx(fmean(forwards))
         assert s.per_answer.mean.seconds == pytest.approx(fmean(secs))
         # per step is another comparison: against the same reply read in full
         assert s.saving == pytest.approx(fmean(row_metrics(r).saving for r in mine))

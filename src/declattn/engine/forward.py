@@ -103,7 +103,7 @@ class Forward:
             p = plan.prefill
             views = recomputed_views(p.seq, p.start, p.stop, bs)
             step = SeqStep(p.seq.seq_id, p.start, p.stop - p.start,
-                           row_views=views if any(views) else None)
+                           row_views=views if any(views) else None, prefill=True)
             out.append(Rows(p.seq, step, False, p.last and not p.seq.output_ids))
             if p.last and p.seq.length > p.stop and p.seq.finish_reason is None:
                 # tokens it holds past the piece (forced at its start, or waiting when it

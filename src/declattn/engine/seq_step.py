@@ -39,6 +39,9 @@ class SeqStep:
     (``None`` for a row that read everything), so the K/V recomputed is what those
     steps computed. Absent for an ordinary prefill. With ``decode_rows``: each decode
     row's view."""
+    prefill: bool = False
+    """The rows are a piece of a prompt (or of a recompute), attended causally over every
+    stored position whatever their number: one row of a prompt is no decode row."""
     decode_rows: bool = False
     """The ``n_new`` rows are decode rows (a newest token and the forced tokens after it,
     ``Controller.forced``): each reads its ``row_views`` entry up to its own position,
@@ -51,5 +54,6 @@ class SeqStep:
 
     @property
     def is_decode(self) -> bool:
-        """Its rows are decode rows: one new token, or ``decode_rows``."""
-        return self.n_new == 1 or self.decode_rows
+        """Its rows are decode rows: one new token not of a prefill piece, or
+        ``decode_rows``."""
+        return not self.prefill and (self.n_new == 1 or self.decode_rows)
