@@ -1,6 +1,6 @@
 """What keys the disk tier besides the tokens: model files (hashed once per version of
-them), the weights as loaded, the KV layout, the engine; and what it leaves out on
-purpose (the thread count: prefill K/V does not depend on it)."""
+them), the weights as loaded, the KV layout, the engine, and the thread count for fp32
+K/V only (bf16 prefill K/V does not depend on it; fp32 does on Intel's MKL)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from disk_world import BLOCK, CHUNK
+from disk_world import BLOCK, CHUNK, engine
 from tiny_world import Tok, prompt, tiny_model
 
 from declattn.engine.controller import Controller
@@ -46,13 +46,13 @@ def test_the_model_config_as_loaded_is_part_of_the_identity() -> None:
 
 
 def test_every_field_of_a_namespace_changes_its_key() -> None:
-    ns = Namespace("m", "files:x", "float32", 16, 512, 256, 2, 2, 16, "e", "p")
+    ns = Namespace("m", "files:x", "float32", 16, 512, 256, 2, 2, 16, "e", "p", 2)
     keys = {ns.key}
     for field, value in [("model", "files:y"), ("kv_dtype", "bfloat16"), ("block_size", 32),
                          ("prefill_chunk", 256), ("layers", 3), ("kv_heads", 1),
-                         ("head_dim", 8), ("engine", "f"), ("platform", "q")]:
+                         ("head_dim", 8), ("engine", "f"), ("platform", "q"), ("threads", 1)]:
         keys.add(dataclasses.replace(ns, **{field: value}).key)
-    assert len(keys) == 10
+    assert len(keys) == 11
     assert dataclasses.replace(ns, model_name="other name").key == ns.key
 
 
@@ -71,9 +71,8 @@ def _wide_model() -> Decoder:
     return model.eval()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prefill_kv_does_not_depend_on_the_thread_count(dtype: torch.dtype) -> None:
-    model = _wide_model().to(dtype)
+def _prefill_kv_by_threads(model: Decoder) -> list[tuple[torch.Tensor, ...]]:
+    """The K/V of one prompt prefilled with 1 thread, then with 2."""
     ids = prompt(3 * CHUNK + 5, 4)
     got = []
     before = torch.get_num_threads()
@@ -88,7 +87,28 @@ def test_prefill_kv_does_not_depend_on_the_thread_count(dtype: torch.dtype) -> N
             got.append(eng.cache.export_rows(seq.seq_id, 0, 3 * CHUNK))
     finally:
         torch.set_num_threads(before)
+    return got
+
+
+def test_bf16_prefill_kv_does_not_depend_on_the_thread_count() -> None:
+    got = _prefill_kv_by_threads(_wide_model().to(torch.bfloat16))
     assert all(torch.equal(x, y) for x, y in zip(got[0], got[1], strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_only_fp32_kv_is_keyed_by_the_thread_count(dtype: torch.dtype, tmp_path: Path) -> None:
+    model = _wide_model().to(dtype)
+    keys = set()
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            eng = engine(model, tmp_path)
+            assert eng.disk is not None
+            keys.add(eng.disk.namespace.key)
+    finally:
+        torch.set_num_threads(before)
+    assert len(keys) == (2 if dtype == torch.float32 else 1)
 
 
 def test_sizes_parse_in_units_of_1024() -> None:

@@ -16,11 +16,13 @@ the directory it lives in, so that a change of any of them misses instead of mat
   that could change a bit can never be forgotten the way a version number can; a
   release only changes it on upgrade;
 - the platform: torch's version, the CPU's architecture, ISA level and feature flags
-  (the native kernels are built for them), the device.
-
-The number of torch threads is left out on purpose: the thread count is chosen from the
-load average at start, and prefill K/V does not depend on it
-(``tests/engine/kvdisk/test_identity.py`` holds that).
+  (the native kernels are built for them), the device;
+- the thread count, where the K/V is fp32 only: MKL's fp32 GEMMs on Intel CPUs split
+  their sums by the thread count (a 64 x 1024 x 1024 product differs in its last bits
+  between 1 and 2 threads on a Xeon), so fp32 K/V computed with 2 threads is not what 1
+  thread computes. bf16 K/V (dense bf16 models, the packed GGUF kernels) does not depend
+  on it, so any thread count shares it (``tests/engine/kvdisk/test_kvdisk_identity.py``
+  holds both).
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class Namespace:
     head_dim: int
     engine: str
     platform: str
+    threads: int = 0
+    """torch's thread count for fp32 K/V (see above), 0 for any other dtype."""
 
     @functools.cached_property
     def key(self) -> str:
@@ -113,6 +117,11 @@ def _cpu_flags_digest() -> str:
         return platform.processor()
     lines = [ln for ln in text.splitlines() if ln.startswith(("flags", "Features"))]
     return hashlib.sha256((lines[0] if lines else "").encode()).hexdigest()[:16]
+
+
+def threads_identity(kv_dtype: torch.dtype) -> int:
+    """The thread count fp32 K/V depends on (see the module's docstring); 0 otherwise."""
+    return torch.get_num_threads() if kv_dtype == torch.float32 else 0
 
 
 def platform_identity(device: torch.device) -> str:

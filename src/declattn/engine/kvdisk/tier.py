@@ -39,7 +39,12 @@ from torch import Tensor
 from declattn.engine.kv import KVCache, KVConfig, PoolExhausted
 from declattn.engine.kvdisk.atomic import write_atomic
 from declattn.engine.kvdisk.chunkfile import ChunkMeta, DamagedChunk, encode, read_chunk
-from declattn.engine.kvdisk.identity import Namespace, engine_digest, platform_identity
+from declattn.engine.kvdisk.identity import (
+    Namespace,
+    engine_digest,
+    platform_identity,
+    threads_identity,
+)
 from declattn.engine.kvdisk.options import DiskOptions, default_limit
 from declattn.engine.kvdisk.store import chunk_path, ensure_namespace, evict, usage
 from declattn.engine.kvdisk.writer import BackgroundWriter
@@ -86,6 +91,7 @@ class DiskTier:
             kv_heads=kv.n_kv_heads,
             head_dim=kv.head_dim, engine=engine_digest(),
             platform=platform_identity(torch.device(kv.device)),
+            threads=threads_identity(kv.dtype),
         )
 
     @property
