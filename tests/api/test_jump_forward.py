@@ -17,7 +17,9 @@ from declattn.da.replay import replay
 from declattn.engine.controller import Delegating
 from declattn.engine.sampler import SamplingParams
 
-ECONOMY = DAOptions.economy(target=96, cap=128, min_context=0)
+ECONOMY = DAOptions.economy(target=96, cap=128, min_context=0, close_find_at_one_chunk=False)
+"""The script below writes its phrase past the point where it names one chunk; the close
+at that point has its own test (``test_a_find_phrase_that_names_one_chunk_is_closed``)."""
 SCRIPT = '<focus find="day 5 notes calm water, 15 boats"><answer>15</answer>'
 
 
@@ -179,3 +181,27 @@ def test_the_answer_follows_a_find_focus_whatever_the_model_would_write(engine, 
     options = dataclasses.replace(ECONOMY, jump_forward=jump)
     assert reply(options).startswith("<answer>")
     assert not reply(dataclasses.replace(options, answer_after_find=False)).startswith("<")
+
+
+@pytest.mark.parametrize("jump", [True, False])
+def test_a_find_phrase_that_names_one_chunk_is_closed(engine, jump):
+    """``close_find_at_one_chunk``: once the phrase names one chunk for good, the close
+    comes next (appended with jump-forward, held by the find constraint without it) and
+    the focus is that chunk; without the rule the random model writes on."""
+    head = '<focus find="day 5'  # "day" is in five chunks; "day 5" in one, whole words
+
+    def reply(options: DAOptions):
+        sess = engine.session(CONTEXT, QUESTION, options=options)
+        seq = engine.add(Prefix(sess, engine.tokenizer, head),
+                         SamplingParams(max_tokens=24, ignore_eos=True))
+        for _ in engine.run(seq):
+            pass
+        return sess
+
+    on = reply(dataclasses.replace(ECONOMY, jump_forward=jump, close_find_at_one_chunk=True))
+    assert on.text.startswith(head + '"')
+    decl = on.declarations[0]
+    assert decl.phrase == "day 5" and decl.accepted and len(decl.focus_ids) == 1
+    assert on.state.finder.resolve(decl.phrase).ids == decl.focus_ids
+    off = reply(dataclasses.replace(ECONOMY, jump_forward=jump))
+    assert not off.text.startswith(head + '">')  # the random model writes on

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from declattn.da.constrain_find import FindVocab
 from declattn.da.state import DAState, fixed_continuation
 from declattn.protocol.layout import Layout, Span
 from declattn.protocol.modes import Mode
@@ -125,3 +126,49 @@ def test_the_end_is_banned_until_an_answer_is_open() -> None:
     plain.feed(0, "The last train leaves at eleven.")
     assert plain.banned_ids() == ()  # it never declared: a plain answer, free to end
     assert DAState(LAYOUT, TEXTS).banned_ids() == ()  # no end ids: nothing banned
+
+
+@pytest.mark.parametrize(
+    ("written", "closed"),
+    [
+        ("last", '">'),  # whole word, one chunk: more words would read the same chunk
+        ("the last train", '">'),
+        ("the", None),  # in chunks 1 and 2: more words may still choose
+        ("rye br", None),  # inside a word
+        ("sell", None),  # "sells" goes on: not a whole word where it occurs
+        ("parking is", '">'),
+        ("", None),
+    ],
+)
+def test_a_find_phrase_is_closed_once_it_names_one_chunk(written, closed) -> None:
+    state = DAState(LAYOUT, TEXTS, focus_form="find", close_at_one_chunk=True)
+    state.feed(0, f'<focus find="{written}')
+    assert state.forced_text() == closed
+    if closed is not None:  # the phrase the close leaves resolves to that one chunk
+        state.feed(1, closed)
+        assert state.mode is Mode.FOCUS and len(state.focus_ids) == 1
+    off = DAState(LAYOUT, TEXTS, focus_form="find")
+    off.feed(0, f'<focus find="{written}')
+    assert off.forced_text() is None
+
+
+def test_a_phrase_across_a_chunk_boundary_is_not_closed_early() -> None:
+    state = DAState(LAYOUT, TEXTS, focus_form="find", close_at_one_chunk=True)
+    state.feed(0, "<focus find='rye bread the")  # runs from chunk 1 into chunk 2
+    assert state.forced_text() is None
+    state.feed(1, " last")
+    assert state.forced_text() is None  # still in both; only the model may close it
+    single = DAState(LAYOUT, TEXTS, focus_form="find", close_at_one_chunk=True)
+    single.feed(0, "<focus find='leeds")
+    assert single.forced_text() == "'>"  # the quote the value opened with
+
+
+def test_without_jump_forward_the_find_constraint_holds_the_close() -> None:
+    vocab = FindVocab({1: '"', 2: '">', 3: " train", 4: " leeds", 5: ">", 6: "'>"})
+    state = DAState(LAYOUT, TEXTS, focus_form="find", find_vocab=vocab, close_at_one_chunk=True)
+    state.feed(0, '<focus find="the last')
+    find = state.constraints[0]
+    assert sorted(find.allowed_ids(state.reader.pending)) == [1, 2]  # '"' or '">', no more words
+    loose = DAState(LAYOUT, TEXTS, focus_form="find", find_vocab=vocab)
+    loose.feed(0, '<focus find="the last')
+    assert 3 in loose.constraints[0].allowed_ids(loose.reader.pending)

@@ -220,6 +220,7 @@ class DASession(Session):
             find_vocab=(find_vocab or FindVocab.from_tokenizer(tokenizer)) if find_on else None,
             opening_vocab=tags if o.open_tag else None,
             answer_vocab=tags if o.answer_after_find else None,
+            close_at_one_chunk=o.close_find_at_one_chunk,
             runaway=RunawayGuard(max_tokens=max_tokens) if o.runaway else None,
             end_ids=tokenizer.all_special_ids if o.require_answer else (),
         )

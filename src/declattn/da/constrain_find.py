@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from declattn.da.constrain import ConstraintStats, tag_part, token_texts
-from declattn.protocol.find import PhraseFinder, fold
+from declattn.protocol.find import MatchQuality, PhraseFinder, fold
 from declattn.protocol.grammar import MAX_FIND_TAG_LEN, MAX_FIND_WORDS
 
 _HEAD_RE = re.compile(r"<focus[ \t]+find")
@@ -95,6 +95,32 @@ def _find_state(pending: str) -> _FindState | None:
         closed = not after.strip(" \t")
         return _FindState(_Phase.CLOSED, quote) if closed else _FindState(_Phase.DEAD)
     return _FindState(_Phase.PHRASE, quote, fold(body).lstrip(" "))
+
+
+def closing_at_one_chunk(pending: str, finder: PhraseFinder) -> str | None:
+    """The closing quote and ``>`` of the find tag ``pending`` where its phrase already
+    names one chunk for good; ``None`` elsewhere.
+
+    That is when the phrase so far is whole words at every place it occurs in the chunks
+    (no occurrence goes on inside its last word) and resolves as an exact match to one
+    chunk. Under the find constraint every longer phrase is one of those occurrences
+    grown by more words, so more words could not move the focus to another chunk (at
+    most add the next one, where the phrase would run across the boundary): the words
+    after this point cost a decode step each and buy nothing."""
+    state = _find_state(pending)
+    if state is None or state.phase is not _Phase.PHRASE:
+        return None
+    phrase = state.phrase.rstrip(" ")
+    if not phrase:
+        return None
+    text = finder.text
+    ends = finder.occurrences(phrase)
+    if not ends or any(text[e] != " " for e in ends):
+        return None
+    res = finder.resolve(phrase)
+    if not res.accepted or res.quality is not MatchQuality.EXACT or len(res.ids) != 1:
+        return None
+    return state.quote + ">"
 
 
 def _finish_cost(phrase: str, finder: PhraseFinder) -> int:
@@ -377,13 +403,29 @@ class FindConstraint:
 
     One per request: ``finder`` holds that request's chunk texts. ``prepare()`` builds the
     prefix index and the first step's candidates up front (else the first find tag pays).
+    ``close_at_one_chunk``: a phrase that names one chunk for good may only be closed
+    (``closing_at_one_chunk``), so a caller without jump-forward writes the close the
+    engine would append.
     """
 
-    def __init__(self, vocab: FindVocab, finder: PhraseFinder) -> None:
+    def __init__(self, vocab: FindVocab, finder: PhraseFinder, *,
+                 close_at_one_chunk: bool = False) -> None:
         self.vocab = vocab
         self.finder = finder
+        self.close_at_one_chunk = close_at_one_chunk
         self.stats = ConstraintStats()
         self._cache: dict[Any, Any] = {}
+
+    def _closing(self, pending: str) -> np.ndarray | None:
+        """The tokens that start the due close, where one is due."""
+        close = closing_at_one_chunk(pending, self.finder) if self.close_at_one_chunk else None
+        if close is None:
+            return None
+        key = ("close", close)
+        if key not in self._cache:
+            ids = [i for i, part in self.vocab.parts.items() if close.startswith(part)]
+            self._cache[key] = np.asarray(ids, dtype=np.int64)
+        return self._cache[key]
 
     def prepare(self) -> None:
         """Build the finder's prefix index and the candidates right after ``find="`` (the
@@ -394,8 +436,14 @@ class FindConstraint:
 
     def allowed(self, pending: str) -> list[int] | None:
         """Token ids that may come next; None outside a find tag."""
+        closing = self._closing(pending)
+        if closing is not None:
+            return closing.tolist()
         return self.vocab.allowed(pending, self.finder, self._cache)
 
     def allowed_ids(self, pending: str) -> list[int] | np.ndarray | None:
         """``allowed``, as a cached array on most steps (what a logits row is masked with)."""
+        closing = self._closing(pending)
+        if closing is not None:
+            return closing
         return self.vocab.allowed_index(pending, self.finder, self._cache)

@@ -43,7 +43,12 @@ class DAOptions:
     ``open_tag``: the response's first token must begin a tag (``constrain_open.py``), so
     a reply cannot start in prose and read everything. ``answer_after_find``: ``<answer>``
     comes right after a find focus's tag (``constrain_open.py``), so the answer is written
-    from the focused chunk without copying the fact first.
+    from the focused chunk without copying the fact first. ``close_find_at_one_chunk``:
+    a find phrase is closed as soon as it names one chunk for good (whole words wherever
+    it occurs, an exact match in one chunk): more words would read the same chunk and
+    cost a decode step each. Fixed text (appended in one forward with ``jump_forward``),
+    held by the find constraint without it
+    where the constraint is on.
     """
 
     target: int = 2048
@@ -63,6 +68,7 @@ class DAOptions:
     require_answer: bool = False
     open_tag: bool = False
     answer_after_find: bool = False
+    close_find_at_one_chunk: bool = False
 
     def __post_init__(self) -> None:
         if self.focus not in FOCUS_FORMS:
@@ -75,11 +81,12 @@ class DAOptions:
         """The economical protocol (docs/protocol.md): a find focus with the answer
         written inside it (``ECONOMY_INSTRUCTION``), the find constraint, scaffold steps
         read as local, forced tag text appended in one forward, no end before an answer,
-        a reply that opens with a tag, and the answer right after a find focus."""
+        a reply that opens with a tag, the answer right after a find focus, and a find
+        phrase closed once it names one chunk."""
         base: dict[str, Any] = {
             "focus": "find", "instruction": ECONOMY_INSTRUCTION, "constrain": True,
             "scaffold_local": True, "jump_forward": True, "require_answer": True,
-            "open_tag": True, "answer_after_find": True,
+            "open_tag": True, "answer_after_find": True, "close_find_at_one_chunk": True,
         }
         return cls(**{**base, **changes})
 

@@ -26,7 +26,9 @@ the training mask builder uses replay, so all three agree row by row.
 The fixed text (``forced_text``) is ``<`` before a reply that must open with a tag, and
 the rest of a tag once the pending text can only become one tag the current mode
 allows: ``</fo`` in a focus can only be ``</focus>``, ``<focus find="lake shore"`` can
-only be closed by ``>``, ``<ans`` only ``<answer>``.
+only be closed by ``>``, ``<ans`` only ``<answer>``. With ``close_at_one_chunk``
+(``DAOptions.close_find_at_one_chunk``) a find phrase is closed (``">``) as soon as it
+names one chunk for good (``constrain_find.closing_at_one_chunk``).
 With ``answer_vocab`` (``DAOptions.answer_after_find``) the answer follows a find focus at
 once: right after ``<focus find="...">`` the fixed text is the rest of ``<answer>``
 (``due_answer``), and a constraint holds a caller that samples it to that text.
@@ -39,7 +41,7 @@ import re
 from collections.abc import Sequence
 
 from declattn.da.constrain import FocusConstraint, FocusVocab, TokenConstraint
-from declattn.da.constrain_find import FindConstraint, FindVocab
+from declattn.da.constrain_find import FindConstraint, FindVocab, closing_at_one_chunk
 from declattn.da.constrain_open import (
     ANSWER_TAG,
     AnswerNextConstraint,
@@ -99,7 +101,8 @@ class DAState:
     ``focus_form`` (``ids``, ``find``, ``both``) is what the instruction taught, for the
     fixed text of a focus head; ``opening_vocab``, where given, makes the response open
     with a tag (that focus head, ``<global>``, ``<local>`` or ``<answer>``);
-    ``answer_vocab``, where given, makes ``<answer>`` follow a find focus; ``runaway``
+    ``answer_vocab``, where given, makes ``<answer>`` follow a find focus;
+    ``close_at_one_chunk`` fixes the close of a find phrase that names one chunk; ``runaway``
     stops a looping response; ``end_ids`` (the tokenizer's special tokens) may not end the
     response before an ``<answer>`` is open.
     """
@@ -116,6 +119,7 @@ class DAState:
         find_vocab: FindVocab | None = None,
         opening_vocab: OpeningVocab | None = None,
         answer_vocab: OpeningVocab | None = None,
+        close_at_one_chunk: bool = False,
         runaway: RunawayGuard | None = None,
         end_ids: Sequence[int] = (),
     ) -> None:
@@ -132,7 +136,7 @@ class DAState:
         if focus_vocab is not None:
             self.constraints.append(FocusConstraint(focus_vocab, layout.n_chunks))
         if find_vocab is not None and self.finder is not None:
-            find = FindConstraint(find_vocab, self.finder)
+            find = FindConstraint(find_vocab, self.finder, close_at_one_chunk=close_at_one_chunk)
             find.prepare()  # its index is built now, not on the first step inside a tag
             self.constraints.append(find)
         self.opening = None
@@ -143,6 +147,7 @@ class DAState:
         self.answer_after_find = answer_vocab is not None
         if answer_vocab is not None:
             self.constraints.append(AnswerNextConstraint(answer_vocab, self.due_answer))
+        self.close_at_one_chunk = close_at_one_chunk
         self.runaway = runaway
         self.end_ids = tuple(end_ids)
         self.text = ""
@@ -185,13 +190,18 @@ class DAState:
     def forced_text(self) -> str | None:
         """The text the protocol fixes next: ``<`` before a reply that must open with a
         tag (every tag starts with it; where the tokenizer writes it as a token of its
-        own, ``OpeningVocab.opens_alone``), the rest of a due ``<answer>``, else
+        own, ``OpeningVocab.opens_alone``), the rest of a due ``<answer>``, the close of
+        a find phrase that names one chunk (``close_at_one_chunk``), else
         ``fixed_continuation`` of the pending tag."""
         if self.opens_alone and self.opening is not None and not self.opening.written:
             return "<"
         due = self.due_answer()
         if due is not None:
             return due
+        if self.close_at_one_chunk and self.finder is not None and self.reader.mode is Mode.GLOBAL:
+            close = closing_at_one_chunk(self.reader.pending, self.finder)
+            if close is not None:
+                return close
         return fixed_continuation(self.reader.pending, self.reader.mode, self.heads)
 
     def due_answer(self) -> str | None:

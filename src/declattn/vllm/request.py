@@ -135,12 +135,13 @@ def build_request(
 
 def warn_no_jump_forward(options: DAOptions) -> None:
     """vLLM's scheduler decodes one token a step: fixed tag text (``jump_forward``) is
-    decoded token by token there. Say so (once per place, Python's default filter),
-    never pretend: the reads are the same, the extra steps are not."""
+    decoded token by token there, and a find phrase that names one chunk is not closed
+    for the model (``close_find_at_one_chunk``). Say so (once per place, Python's default
+    filter), never pretend: the reads are the same, the extra steps are not."""
     if options.jump_forward:
         warnings.warn(
             "jump-forward is not available through vLLM: fixed tag text is decoded one "
-            "token a step there (same reads, more steps); our engine appends it in one "
-            "forward",
+            "token a step there (same reads, more steps), and a find phrase is closed "
+            "where the model closes it; our engine appends fixed text in one forward",
             stacklevel=3,
         )
