@@ -47,8 +47,7 @@ class DAOptions:
     a find phrase is closed as soon as it names one chunk for good (whole words wherever
     it occurs, an exact match in one chunk): more words would read the same chunk and
     cost a decode step each. Fixed text (appended in one forward with ``jump_forward``),
-    held by the find constraint without it
-    where the constraint is on.
+    held by the find constraint without it where the constraint is on.
     """
 
     target: int = 2048

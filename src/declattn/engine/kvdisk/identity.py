@@ -20,9 +20,8 @@ the directory it lives in, so that a change of any of them misses instead of mat
 - the thread count, where the K/V is fp32 only: MKL's fp32 GEMMs on Intel CPUs split
   their sums by the thread count (a 64 x 1024 x 1024 product differs in its last bits
   between 1 and 2 threads on a Xeon), so fp32 K/V computed with 2 threads is not what 1
-  thread computes. bf16 K/V (dense bf16 models, the packed GGUF kernels) does not depend
-  on it, so any thread count shares it (``tests/engine/kvdisk/test_kvdisk_identity.py``
-  holds both).
+  thread computes. bf16 K/V does not depend on it (tested on a dense bf16 model), so any
+  thread count shares it (``tests/engine/kvdisk/test_kvdisk_identity.py`` holds both).
 """
 
 from __future__ import annotations
