@@ -17,9 +17,7 @@ from declattn.da.replay import replay
 from declattn.engine.controller import Delegating
 from declattn.engine.sampler import SamplingParams
 
-ECONOMY = DAOptions.economy(target=96, cap=128, min_context=0, close_find_at_one_chunk=False)
-"""The script below writes its phrase past the point where it names one chunk; the close
-at that point has its own test (``test_a_find_phrase_that_names_one_chunk_is_closed``)."""
+ECONOMY = DAOptions.economy(target=96, cap=128, min_context=0)
 SCRIPT = '<focus find="day 5 notes calm water, 15 boats"><answer>15</answer>'
 
 

@@ -38,13 +38,13 @@ class ReplyShape:
     plain: float
 
 
-ECONOMY_SHAPE = ReplyShape(scaffold=3.0, focus=8.0, full=0.0, plain=7.5)
+ECONOMY_SHAPE = ReplyShape(scaffold=5.0, focus=6.5, full=0.0, plain=7.5)
 """The economical protocol (a find focus, the answer right after it): its tag words and
 tags read the scaffold; the answer reads one chunk. The medians of qwen2.5-0.5b's
 decode forwards by what they read, and of its plain replies' forwards, in the per-answer
-study at 16K with the find phrase closed at one chunk (docs/eval.md, "The per-answer
-study"). With them a lone request runs DA from about 17K context tokens on that model,
-two requests together from about 10K, eight from about 4K."""
+study at 16K (docs/eval.md, "The per-answer study"). With them a lone request runs DA
+from about 19K context tokens on that model, two requests together from about 10K,
+eight from about 4K."""
 
 CLASSIC_SHAPE = ReplyShape(scaffold=8.0, focus=24.0, full=35.0, plain=12.0)
 """The chunk-id protocol with a global survey first (``DA_INSTRUCTION``): long replies

@@ -80,12 +80,13 @@ class DAOptions:
         """The economical protocol (docs/protocol.md): a find focus with the answer
         written inside it (``ECONOMY_INSTRUCTION``), the find constraint, scaffold steps
         read as local, forced tag text appended in one forward, no end before an answer,
-        a reply that opens with a tag, the answer right after a find focus, and a find
-        phrase closed once it names one chunk."""
+        a reply that opens with a tag, and the answer right after a find focus. Not the
+        close of a find phrase at one chunk (``close_find_at_one_chunk``): it saves
+        forwards, but cost an answer in ``declattn demo`` (docs/eval.md)."""
         base: dict[str, Any] = {
             "focus": "find", "instruction": ECONOMY_INSTRUCTION, "constrain": True,
             "scaffold_local": True, "jump_forward": True, "require_answer": True,
-            "open_tag": True, "answer_after_find": True, "close_find_at_one_chunk": True,
+            "open_tag": True, "answer_after_find": True,
         }
         return cls(**{**base, **changes})
 
