@@ -276,3 +276,13 @@ def test_long_prefixes_are_verified_beyond_the_sorted_key() -> None:
     assert f.continuations(p + " ", 4) == {"alph", "beta"}
     assert f.occurs(p + " b") and not f.occurs(p + " c")
 
+
+
+def test_names_one_chunk_needs_whole_words_everywhere_and_one_exact_chunk() -> None:
+    f = PhraseFinder(["the bakery sells rye bread", "the last train to leeds", "day 10 and day 1"])
+    assert f.names_one_chunk("last train") and f.names_one_chunk("leeds")
+    assert not f.names_one_chunk("the")  # chunks 1 and 2
+    assert not f.names_one_chunk("sell")  # "sells": not a whole word where it occurs
+    assert not f.names_one_chunk("day 1")  # "day 10" goes on inside the word
+    assert not f.names_one_chunk("bread the")  # across the boundary: chunks 1 and 2
+    assert not f.names_one_chunk("ferry")  # nowhere

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from declattn.da.constrain import ConstraintStats, tag_part, token_texts
-from declattn.protocol.find import MatchQuality, PhraseFinder, fold
+from declattn.protocol.find import PhraseFinder, fold
 from declattn.protocol.grammar import MAX_FIND_TAG_LEN, MAX_FIND_WORDS
 
 _HEAD_RE = re.compile(r"<focus[ \t]+find")
@@ -111,14 +111,7 @@ def closing_at_one_chunk(pending: str, finder: PhraseFinder) -> str | None:
     if state is None or state.phase is not _Phase.PHRASE:
         return None
     phrase = state.phrase.rstrip(" ")
-    if not phrase:
-        return None
-    text = finder.text
-    ends = finder.occurrences(phrase)
-    if not ends or any(text[e] != " " for e in ends):
-        return None
-    res = finder.resolve(phrase)
-    if not res.accepted or res.quality is not MatchQuality.EXACT or len(res.ids) != 1:
+    if not phrase or not finder.names_one_chunk(phrase):
         return None
     return state.quote + ">"
 

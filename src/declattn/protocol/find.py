@@ -175,6 +175,7 @@ class PhraseFinder:
         self._starts = starts
         self.longest_word = max(map(len, words), default=0)
         self._rest: dict[str, int] = {}
+        self._one: dict[str, bool] = {}
 
     @property
     def n_chunks(self) -> int:
@@ -300,6 +301,19 @@ class PhraseFinder:
             t = self.text
             got = min((t.index(" ", e) - e for e in self.occurrences(prefix)), default=1 << 30)
             self._rest[prefix] = got
+        return got
+
+    def names_one_chunk(self, phrase: str) -> bool:
+        """Whether the folded ``phrase`` (no trailing separator) is whole words at every
+        word start it occurs at and resolves as an exact match to one chunk. Cached: the
+        decoding constraint and the fixed text ask it of the same phrase."""
+        got = self._one.get(phrase)
+        if got is None:
+            ends = self.occurrences(phrase)
+            res = self.resolve(phrase) if ends and all(self.text[e] == " " for e in ends) else None
+            got = (res is not None and res.accepted and res.quality is MatchQuality.EXACT
+                   and len(res.ids) == 1)
+            self._one[phrase] = got
         return got
 
     def continuations(self, prefix: str, length: int) -> set[str]:

@@ -5,6 +5,8 @@ K/V only (bf16 prefill K/V does not depend on it; fp32 does on Intel's MKL)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -71,22 +73,29 @@ def _wide_model() -> Decoder:
     return model.eval()
 
 
+@contextmanager
+def _threads(n: int) -> Iterator[None]:
+    """torch's thread count set to ``n`` for the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _prefill_kv_by_threads(model: Decoder) -> list[tuple[torch.Tensor, ...]]:
     """The K/V of one prompt prefilled with 1 thread, then with 2."""
     ids = prompt(3 * CHUNK + 5, 4)
     got = []
-    before = torch.get_num_threads()
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
+    for threads in (1, 2):
+        with _threads(threads):
             eng = PagedEngine(model, Tok(), num_blocks=64, block_size=BLOCK,
                               prefill_chunk=CHUNK, prefix_caching=False)
             seq = eng.add(Controller(ids), SamplingParams(max_tokens=2, ignore_eos=True))
             while seq.prefilled < len(ids):
                 eng.step()
             got.append(eng.cache.export_rows(seq.seq_id, 0, 3 * CHUNK))
-    finally:
-        torch.set_num_threads(before)
     return got
 
 
@@ -99,15 +108,11 @@ def test_bf16_prefill_kv_does_not_depend_on_the_thread_count() -> None:
 def test_only_fp32_kv_is_keyed_by_the_thread_count(dtype: torch.dtype, tmp_path: Path) -> None:
     model = _wide_model().to(dtype)
     keys = set()
-    before = torch.get_num_threads()
-    try:
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
+    for threads in (1, 2):
+        with _threads(threads):
             eng = engine(model, tmp_path)
             assert eng.disk is not None
             keys.add(eng.disk.namespace.key)
-    finally:
-        torch.set_num_threads(before)
     assert len(keys) == (2 if dtype == torch.float32 else 1)
 
 
