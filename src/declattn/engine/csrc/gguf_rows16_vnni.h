@@ -176,8 +176,8 @@ inline void group16_one(const uint8_t* w, const Q8Row& x, int64_t nb, float* out
 
 // One group of sixteen rows . ``n`` activation rows -> out[n][16]: ``R`` rows at a time,
 // then the rest by halves. ``Kernel::rows<R>`` is a format's group kernel for R rows; the
-// largest R pays where its accumulators still fit the 32 vector registers (Q8_0: 4 rows,
-// Q5_0: 8, whose unpacking is shared by more rows; both measured against the next size).
+// largest R pays where its accumulators still fit the 32 vector registers (Q8_0 and Q5_0:
+// 8 rows, each measured against 4; Q8_0's one chain of sums per row at 8 leaves room).
 template <typename Kernel, int R>
 inline void group16_batch(const uint8_t* w, const Q8Row* x, int64_t n, int64_t nb, float* out) {
   for (; n >= R; n -= R, x += R, out += 16 * R) Kernel::template rows<R>(w, x, nb, out);
@@ -187,24 +187,31 @@ inline void group16_batch(const uint8_t* w, const Q8Row* x, int64_t n, int64_t n
 // One group of sixteen Q8_0 rows . ``R`` activation rows -> out[R][16]. Each code vector
 // is loaded once for the R rows, so a batch of decode rows reads a group's codes once from
 // cache instead of R times, and each row's work is the one-row kernel's in its order.
+// ``Chains`` integer sums per row keep enough ``vpdpbusd`` in flight (two for up to four
+// rows, one for eight: eight rows are eight chains, and their registers still fit); the
+// sums are exact, so the split does not change a bit.
 struct Q8_0R16 {
   template <int R>
   static void rows(const uint8_t* w, const Q8Row* x, int64_t nb, float* out) {
+    constexpr int Chains = R >= 8 ? 1 : 2;
     const uint8_t* qs = w + 32 * nb;
     __m512 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b, qs += 512) {
       prefetch_block<512>(qs);
-      __m512i s[R][2];
-      for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = _mm512_setzero_si512();
+      __m512i s[R][Chains];
+      for (int r = 0; r < R; ++r)
+        for (int c = 0; c < Chains; ++c) s[r][c] = _mm512_setzero_si512();
       for (int j = 0; j < 8; ++j) {
         const __m512i v = _mm512_loadu_si512(qs + 64 * j);
         for (int r = 0; r < R; ++r)
-          s[r][j % 2] = _mm512_dpbusd_epi32(s[r][j % 2], v, x4(x[r].q + 32 * b + 4 * j));
+          s[r][j % Chains] =
+              _mm512_dpbusd_epi32(s[r][j % Chains], v, x4(x[r].q + 32 * b + 4 * j));
       }
       for (int r = 0; r < R; ++r) {
-        const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(s[r][0], s[r][1]),
-                                             _mm512_set1_epi32(128 * x[r].isum[b]));
+        __m512i total = s[r][0];
+        if constexpr (Chains == 2) total = _mm512_add_epi32(total, s[r][1]);
+        const __m512i sum = _mm512_sub_epi32(total, _mm512_set1_epi32(128 * x[r].isum[b]));
         acc[r] = scale_add(w + 32 * b, x[r].d[b], sum, acc[r]);
       }
     }
@@ -305,7 +312,7 @@ inline void codes16_q5_0(const uint8_t* hb, int8_t (*codes)[32]) {
 constexpr auto dequant_q8_0_r16 = dequant_group16<codes16_q8_0, 512>;
 constexpr auto dequant_q5_0_r16 = dequant_group16<codes16_q5_0, 320>;
 
-constexpr auto batch_q8_0_r16 = group16_batch<Q8_0R16, 4>;
+constexpr auto batch_q8_0_r16 = group16_batch<Q8_0R16, 8>;
 constexpr auto batch_q5_0_r16 = group16_batch<Q5_0R16, 8>;
 #endif
 
