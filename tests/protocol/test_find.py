@@ -277,7 +277,6 @@ def test_long_prefixes_are_verified_beyond_the_sorted_key() -> None:
     assert f.occurs(p + " b") and not f.occurs(p + " c")
 
 
-
 def test_names_one_chunk_needs_whole_words_everywhere_and_one_exact_chunk() -> None:
     f = PhraseFinder(["the bakery sells rye bread", "the last train to leeds", "day 10 and day 1"])
     assert f.names_one_chunk("last train") and f.names_one_chunk("leeds")
