@@ -17,7 +17,7 @@
 //   head_dim a multiple of 8; AVX2+FMA, AVX-512 or NEON code by the variant;
 // - decode_attn_avx512.h: bf16 queries over a bf16 pool (the engine's default on a CPU),
 //   head_dim 32/64/128/256, where the CPU has AVX-512 BF16: keys transposed per tile and
-//   scored with vdpbf16ps (AMD) or fp32 FMAs (Intel), rows read ahead by software prefetch;
+//   scored with vdpbf16ps (AMD) or fp32 FMAs (Intel), the next tile's rows prefetched;
 // - decode_attn_amx.h: the same work by AMX tile multiplies, where the CPU has AMX-BF16
 //   and the OS grants it (Intel since Sapphire Rapids).
 
@@ -66,14 +66,6 @@ inline void head_blocks(int group, F&& f) {
   }
 }
 
-// Reads ``bytes`` of a K row and of a V row into cache ahead of their use.
-inline void prefetch_row(const void* k, const void* v, int bytes) {
-  for (int b = 0; b < bytes; b += 64) {
-    __builtin_prefetch(static_cast<const char*>(k) + b);
-    __builtin_prefetch(static_cast<const char*>(v) + b);
-  }
-}
-
 // The kept rows of one work item (rows [lo, hi) counted across its runs: ends[i] is the
 // number of rows in runs 0..i), walked in order a tile at a time.
 template <typename T>
@@ -84,10 +76,8 @@ class RowWalk {
         row_(runs[2 * r_] + (lo - (r_ ? ends[r_ - 1] : 0))) {}
 
   // The next n rows' K and V rows into krows/vrows (K padded to kTile with the first
-  // row: scored, then dropped). ``ahead`` > 0 prefetches the row that far ahead where it
-  // is still in the same run, so nothing outside the view is ever touched.
-  void tile(int n, int dim, const T* kbase, const T* vbase, const T** krows, const T** vrows,
-            int ahead) {
+  // row: scored, then dropped).
+  void tile(int n, int dim, const T* kbase, const T* vbase, const T** krows, const T** vrows) {
     for (int t = 0; t < n; ++t) {
       while (row_ == runs_[2 * r_ + 1]) {  // the next non-empty run
         ++r_;
@@ -95,9 +85,6 @@ class RowWalk {
       }
       krows[t] = kbase + row_ * dim;
       vrows[t] = vbase + row_ * dim;
-      if (ahead > 0 && row_ + ahead < runs_[2 * r_ + 1])
-        prefetch_row(krows[t] + ahead * dim, vrows[t] + ahead * dim,
-                     dim * static_cast<int>(sizeof(T)));
       ++row_;
     }
     for (int t = n; t < kTile; ++t) krows[t] = krows[0];

@@ -229,7 +229,7 @@ void attend_rows_amx(const uint32_t* qb, float scale, int group, const at::BFloa
     const int n = static_cast<int>(std::min<int64_t>(kChunk, hi - at));
     for (int t0 = 0; t0 < n; t0 += kTile) {
       const int k = std::min(kTile, n - t0);
-      walk.tile(k, dim, kbase, vbase, krows.data() + t0, vrows.data() + t0, 0);
+      walk.tile(k, dim, kbase, vbase, krows.data() + t0, vrows.data() + t0);
       for (int t = t0 + k; t < t0 + kTile; ++t) vrows[t] = vrows[t0];  // weighted by 0
     }
     at += n;

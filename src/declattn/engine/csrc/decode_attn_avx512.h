@@ -170,16 +170,25 @@ inline void score_rows_fma(const __m512i* kt, const float* qs, float scale, floa
   for (int g = 0; g < GB; ++g) store_scores<C>(_mm512_add_ps(even[g], odd[g]), scale, s + g * kTile);
 }
 
+// The C cache lines of one bf16 row of dim 32 C (pool rows start on a line).
+template <int C>
+inline void prefetch_lines(const at::BFloat16* row) {
+  for (int c = 0; c < C; ++c) _mm_prefetch(reinterpret_cast<const char*>(row + 32 * c), _MM_HINT_T0);
+}
+
 // acc[g][d0 : d0 + 32] += sum_t p[g][t] v[t][d0 : d0 + 32] for GB heads over n bf16 rows,
 // each 32-bit pair split into its dims (a shift and a mask, no shuffle): acc's 32 floats
 // at d0 hold the 16 even dims, then the 16 odd ones (``interleave`` puts them in order).
-template <int GB>
+// Row t also prefetches the ``C`` lines of row t of ``next`` (the next tile's V rows, the
+// first ``n_next`` of them; none when null).
+template <int GB, int C>
 inline void values_rows(const float* s, int n, const at::BFloat16* const* vrows, int d0,
-                        int dim, float* acc) {
+                        int dim, float* acc, const at::BFloat16* const* next, int n_next) {
   __m512 a[GB][2];
   for (int g = 0; g < GB; ++g)
     for (int j = 0; j < 2; ++j) a[g][j] = _mm512_loadu_ps(acc + g * dim + d0 + 16 * j);
   for (int t = 0; t < n; ++t) {
+    if (next != nullptr && t < n_next) prefetch_lines<C>(next[t]);
     const __m512i pairs = _mm512_loadu_si512(vrows[t] + d0);
     const __m512 ve = even_dims(pairs), vo = odd_dims(pairs);
     for (int g = 0; g < GB; ++g) {
@@ -232,12 +241,6 @@ inline void softmax16(float* s, int group, int n, int dim, float* acc, float* m,
   }
 }
 
-// Rows read ahead of the one being walked, within its run. Once scoring is this cheap a
-// tile's keys and values stall on memory, and software prefetch of the rows half a tile
-// ahead hides that (8 to 32 rows ahead do alike; on the portable path, bound by its
-// arithmetic, it changes nothing).
-constexpr int kAhead = 16;
-
 // attend_rows for bf16 q (``qb``, unscaled, as bf16 pairs) over bf16 pools, dim 32 C,
 // scored by ``vdpbf16ps`` (Dot) or fp32 FMAs: the same work item, the same outputs
 // (acc, m, l).
@@ -256,15 +259,23 @@ void attend_rows_bf16(const uint32_t* qb, float scale, int group, const at::BFlo
   std::vector<float> qs(Dot ? 0 : static_cast<size_t>(group) * 32 * C);
   if constexpr (Dot) lay_queries<C>(qb, group, qv.data());
   else lay_queries_f32<C>(qb, group, qs.data());
-  const at::BFloat16* krows[kTile];
-  const at::BFloat16* vrows[kTile];
+  // Two tiles of row pointers: the one being walked and the next, whose rows are
+  // prefetched while this one is worked, a few lines at a time (its keys with each block of
+  // R rows scored, its values with each row weighed). Once scoring is this cheap the rows
+  // stall on memory unless read ahead; spread so, the prefetches keep memory busy through
+  // the tile's arithmetic, where the same prefetches issued in one burst at each tile's
+  // start (half a tile ahead) made a batched decode step slower on an Intel Xeon.
+  const at::BFloat16* krows[2][kTile];
+  const at::BFloat16* vrows[2][kTile];
   RowWalk<at::BFloat16> walk(runs, ends, n_runs, lo);
-  for (int64_t at = lo; at < hi;) {
-    const int n = static_cast<int>(std::min<int64_t>(kTile, hi - at));
-    walk.tile(n, dim, kbase, vbase, krows, vrows, kAhead);
-    at += n;
+  int n = static_cast<int>(std::min<int64_t>(kTile, hi - lo)), cur = 0;
+  walk.tile(n, dim, kbase, vbase, krows[0], vrows[0]);
+  for (int64_t at = lo + n;; cur = 1 - cur) {
+    const int n_next = static_cast<int>(std::min<int64_t>(kTile, hi - at));
+    if (n_next > 0) walk.tile(n_next, dim, kbase, vbase, krows[1 - cur], vrows[1 - cur]);
     for (int t0 = 0; t0 < n; t0 += R) {
-      transpose_rows<C>(krows + t0, kt);
+      for (int t = t0; t < std::min(t0 + R, n_next); ++t) prefetch_lines<C>(krows[1 - cur][t]);
+      transpose_rows<C>(krows[cur] + t0, kt);
       head_blocks(group, [&](auto gb, int g0) {
         constexpr int GB = decltype(gb)::value;
         if constexpr (Dot) score_rows_dot<C, GB>(kt, qv.data() + g0 * 16, scale, s + g0 * kTile + t0);
@@ -274,8 +285,13 @@ void attend_rows_bf16(const uint32_t* qb, float scale, int group, const at::BFlo
     softmax16(s, group, n, dim, acc, m, l);
     head_blocks(group, [&](auto gb, int g0) {
       constexpr int GB = decltype(gb)::value;
-      for (int d0 = 0; d0 < dim; d0 += 32) values_rows<GB>(s + g0 * kTile, n, vrows, d0, dim, acc + g0 * dim);
+      for (int d0 = 0; d0 < dim; d0 += 32)
+        values_rows<GB, C>(s + g0 * kTile, n, vrows[cur], d0, dim, acc + g0 * dim,
+                           g0 == 0 && d0 == 0 ? vrows[1 - cur] : nullptr, n_next);
     });
+    if (n_next <= 0) break;
+    at += n_next;
+    n = n_next;
   }
   interleave(acc, group * dim);
 }

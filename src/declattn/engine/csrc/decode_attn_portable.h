@@ -166,7 +166,7 @@ void attend_rows(const float* q, int group, int dim, const T* kbase, const T* vb
   RowWalk<T> walk(runs, ends, n_runs, lo);
   for (int64_t at = lo; at < hi;) {
     const int n = static_cast<int>(std::min<int64_t>(kTile, hi - at));
-    walk.tile(n, dim, kbase, vbase, krows, vrows, 0);  // prefetch: no gain on this path
+    walk.tile(n, dim, kbase, vbase, krows, vrows);  // no prefetch: no gain on this path
     at += n;
     head_blocks(group, [&](auto gb, int g0) {
       constexpr int GB = decltype(gb)::value;

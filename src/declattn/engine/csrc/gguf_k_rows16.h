@@ -88,8 +88,11 @@ inline void ungroup_q6_k_r16(const uint8_t* src, int64_t row_bytes, int64_t nb, 
 // One group of sixteen Q6_K rows . ``R`` activation rows -> out[R][16]. Each chunk of
 // codes is unpacked once for the R rows; a pair of groups' integer sums (columns c .. c +
 // 15 and c + 64 ..) is finished and scaled before the next pair starts, so each row keeps
-// two sums live, not sixteen. Per row, each accumulator lane takes the same terms in the
-// same order as dot_q6_k's (half 0 before half 1, block after block).
+// two sums live, not sixteen. A sum starts at minus 32 times its activations' sum (the
+// codes' offset, taken off for free) and is scaled in fp32: sum * scale is an integer of
+// at most 2^23 in magnitude, so the float product is exact, as ``vpmulld`` was, in fewer
+// instructions. Per row, each accumulator lane takes the same terms in the same order as
+// dot_q6_k's (half 0 before half 1, block after block).
 struct Q6_KR16 {
   template <int R>
   static void rows(const uint8_t* w, const Q8Row* x, int64_t nb, float* out) {
@@ -106,8 +109,11 @@ struct Q6_KR16 {
       for (int h = 0; h < 2; ++h)
         for (int p = 0; p < 2; ++p)
           for (int q = 0; q < 2; ++q) {  // groups 8h + 2p + q (low nibbles) and 4 on (high)
-            __m512i sums[R][2];
-            for (int r = 0; r < R; ++r) sums[r][0] = sums[r][1] = _mm512_setzero_si512();
+            const int j0 = 8 * h + 2 * p + q;
+            __m512i sums[R][2];  // each starts at minus 32 times its activations' sum
+            for (int r = 0; r < R; ++r)
+              for (int i = 0; i < 2; ++i)
+                sums[r][i] = _mm512_set1_epi32(-(x[r].bsum[16 * b + j0 + 4 * i] << 5));
             for (int s = 4 * q; s < 4 * q + 4; ++s) {
               if (p == 0)
                 _mm_prefetch(reinterpret_cast<const char*>(ahead + kHigh + 64 * (8 * h + s)),
@@ -131,14 +137,13 @@ struct Q6_KR16 {
               }
             }
             for (int i = 0; i < 2; ++i) {
-              const int j = 8 * h + 2 * p + q + 4 * i, a = (j % 8) / 2 + 4 * (j % 2);
-              const __m512i sc = _mm512_cvtepi8_epi32(
-                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kScales + 16 * j)));
+              const int j = j0 + 4 * i, a = (j % 8) / 2 + 4 * (j % 2);
+              const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                  _mm_loadu_si128(reinterpret_cast<const __m128i*>(g + kScales + 16 * j))));
               for (int r = 0; r < R; ++r) {
-                const __m512i off = _mm512_set1_epi32(x[r].bsum[16 * b + j] << 5);
-                const __m512i v = _mm512_mullo_epi32(_mm512_sub_epi32(sums[r][i], off), sc);
+                const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(sums[r][i]), sc);  // exact
                 const __m512 dx = _mm512_mul_ps(d, _mm512_set1_ps(x[r].d[8 * b + j / 2]));
-                acc[r][a] = _mm512_fmadd_ps(dx, _mm512_cvtepi32_ps(v), acc[r][a]);
+                acc[r][a] = _mm512_fmadd_ps(dx, v, acc[r][a]);
               }
             }
           }
@@ -199,8 +204,9 @@ inline __m512i q4_k_scale16(const __m512i* u, int j, bool mins) {
 
 // One group of sixteen Q4_K rows . ``R`` activation rows -> out[R][16]: each code vector
 // is loaded and split into nibbles once for the R rows, and each 64 columns' two sums are
-// scaled before the next 64 start. Per row, each accumulator lane takes dot_q4_k's terms
-// in its order.
+// scaled before the next 64 start, in fp32 (sum * scale and the activations' sum * min
+// are integers below 2^24, so exact, as ``vpmulld`` was). Per row, each accumulator lane
+// takes dot_q4_k's terms in its order.
 struct Q4_KR16 {
   template <int R>
   static void rows(const uint8_t* w, const Q8Row* x, int64_t nb, float* out) {
@@ -234,14 +240,15 @@ struct Q4_KR16 {
         }
         for (int i = 0; i < 2; ++i) {
           const int j = 2 * c + i;
-          const __m512i sc = q4_k_scale16(u, j, false), mn = q4_k_scale16(u, j, true);
+          const __m512 sc = _mm512_cvtepi32_ps(q4_k_scale16(u, j, false)),
+                       mn = _mm512_cvtepi32_ps(q4_k_scale16(u, j, true));
           for (int r = 0; r < R; ++r) {
             const __m512 dx = _mm512_set1_ps(x[r].d[8 * b + j]);
-            const __m512i main = _mm512_mullo_epi32(sums[r][i], sc);
-            acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), _mm512_cvtepi32_ps(main), acc[r][j]);
-            const __m512i off = _mm512_mullo_epi32(_mm512_set1_epi32(x[r].isum[8 * b + j]), mn);
-            acc[r][j] =
-                _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), _mm512_cvtepi32_ps(off), acc[r][j]);
+            const __m512 main = _mm512_mul_ps(_mm512_cvtepi32_ps(sums[r][i]), sc);  // exact
+            acc[r][j] = _mm512_fmadd_ps(_mm512_mul_ps(d, dx), main, acc[r][j]);
+            const __m512 off =
+                _mm512_mul_ps(_mm512_set1_ps(static_cast<float>(x[r].isum[8 * b + j])), mn);
+            acc[r][j] = _mm512_fnmadd_ps(_mm512_mul_ps(dmin, dx), off, acc[r][j]);
           }
         }
       }
@@ -252,8 +259,8 @@ struct Q4_KR16 {
 
 constexpr auto dot_q4_k_r16 = dot_groups<group16_one<Q4_KR16>, 16, each_row<dot_q4_k>>;
 
-constexpr auto batch_q6_k_r16 = group16_batch<Q6_KR16, 4>;
-constexpr auto batch_q4_k_r16 = group16_batch<Q4_KR16, 4>;
+constexpr auto batch_q6_k_r16 = group16_batch<Q6_KR16, 8>;
+constexpr auto batch_q4_k_r16 = group16_batch<Q4_KR16, 8>;
 
 }  // namespace gguf
 #endif

@@ -175,9 +175,10 @@ inline void group16_one(const uint8_t* w, const Q8Row& x, int64_t nb, float* out
 }
 
 // One group of sixteen rows . ``n`` activation rows -> out[n][16]: ``R`` rows at a time,
-// then the rest by halves. ``Kernel::rows<R>`` is a format's group kernel for R rows; the
-// largest R pays where its accumulators still fit the 32 vector registers (Q8_0 and Q5_0:
-// 8 rows, each measured against 4; Q8_0's one chain of sums per row at 8 leaves room).
+// then the rest by halves. ``Kernel::rows<R>`` is a format's group kernel for R rows; 8
+// rows for every format, each measured against 4 (Q8_0's one chain of sums per row at 8
+// leaves room in the 32 vector registers; the K formats' float accumulators, eight a row,
+// wait in memory between their updates, once per group of columns).
 template <typename Kernel, int R>
 inline void group16_batch(const uint8_t* w, const Q8Row* x, int64_t n, int64_t nb, float* out) {
   for (; n >= R; n -= R, x += R, out += 16 * R) Kernel::template rows<R>(w, x, nb, out);
