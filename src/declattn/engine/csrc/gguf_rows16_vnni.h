@@ -21,7 +21,7 @@
 // ``vpdpbusd`` takes unsigned bytes times signed ones, four products a lane: the codes
 // are the unsigned side (Q8_0's plus 128, Q5_0's 5-bit values as stored, 16 too many)
 // and four activations broadcast to every lane the signed side; the offset times the
-// activation block's sum comes off once per block. With ``nb`` even (any K a multiple of
+// activation block's sum comes off once per block, as the value a block's sum starts at. With ``nb`` even (any K a multiple of
 // 64) and the tensor 64-byte aligned, every code load is 64-byte aligned. Rows past the
 // last whole group stay in the GGUF layout.
 //
@@ -200,9 +200,11 @@ struct Q8_0R16 {
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b, qs += 512) {
       prefetch_block<512>(qs);
-      __m512i s[R][Chains];
-      for (int r = 0; r < R; ++r)
-        for (int c = 0; c < Chains; ++c) s[r][c] = _mm512_setzero_si512();
+      __m512i s[R][Chains];  // the first chain starts at minus the codes' offset times x's sum
+      for (int r = 0; r < R; ++r) {
+        s[r][0] = _mm512_set1_epi32(-128 * x[r].isum[b]);
+        for (int c = 1; c < Chains; ++c) s[r][c] = _mm512_setzero_si512();
+      }
       for (int j = 0; j < 8; ++j) {
         const __m512i v = _mm512_loadu_si512(qs + 64 * j);
         for (int r = 0; r < R; ++r)
@@ -210,9 +212,8 @@ struct Q8_0R16 {
               _mm512_dpbusd_epi32(s[r][j % Chains], v, x4(x[r].q + 32 * b + 4 * j));
       }
       for (int r = 0; r < R; ++r) {
-        __m512i total = s[r][0];
-        if constexpr (Chains == 2) total = _mm512_add_epi32(total, s[r][1]);
-        const __m512i sum = _mm512_sub_epi32(total, _mm512_set1_epi32(128 * x[r].isum[b]));
+        __m512i sum = s[r][0];
+        if constexpr (Chains == 2) sum = _mm512_add_epi32(sum, s[r][1]);
         acc[r] = scale_add(w + 32 * b, x[r].d[b], sum, acc[r]);
       }
     }
@@ -231,8 +232,11 @@ struct Q5_0R16 {
     for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; ++b, hb += 320) {
       prefetch_block<320>(hb);
-      __m512i s[R][2];
-      for (int r = 0; r < R; ++r) s[r][0] = s[r][1] = _mm512_setzero_si512();
+      __m512i s[R][2];  // the first chain starts at minus the codes' offset times x's sum
+      for (int r = 0; r < R; ++r) {
+        s[r][0] = _mm512_set1_epi32(-16 * x[r].isum[b]);
+        s[r][1] = _mm512_setzero_si512();
+      }
       for (int c = 0; c < 4; ++c) {
         uint64_t bits[2];
         std::memcpy(bits, hb + 16 * c, 16);
@@ -247,9 +251,7 @@ struct Q5_0R16 {
         }
       }
       for (int r = 0; r < R; ++r) {
-        const __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(s[r][0], s[r][1]),
-                                             _mm512_set1_epi32(16 * x[r].isum[b]));
-        acc[r] = scale_add(w + 32 * b, x[r].d[b], sum, acc[r]);
+        acc[r] = scale_add(w + 32 * b, x[r].d[b], _mm512_add_epi32(s[r][0], s[r][1]), acc[r]);
       }
     }
     for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + 16 * r, acc[r]);
