@@ -113,7 +113,7 @@ struct Q6_KR16 {
             __m512i sums[R][2];  // each starts at minus 32 times its activations' sum
             for (int r = 0; r < R; ++r)
               for (int i = 0; i < 2; ++i)
-                sums[r][i] = _mm512_set1_epi32(-(x[r].bsum[16 * b + j0 + 4 * i] << 5));
+                sums[r][i] = _mm512_set1_epi32(-32 * x[r].bsum[16 * b + j0 + 4 * i]);
             for (int s = 4 * q; s < 4 * q + 4; ++s) {
               if (p == 0)
                 _mm_prefetch(reinterpret_cast<const char*>(ahead + kHigh + 64 * (8 * h + s)),

@@ -21,9 +21,9 @@
 // ``vpdpbusd`` takes unsigned bytes times signed ones, four products a lane: the codes
 // are the unsigned side (Q8_0's plus 128, Q5_0's 5-bit values as stored, 16 too many)
 // and four activations broadcast to every lane the signed side; the offset times the
-// activation block's sum comes off once per block, as the value a block's sum starts at. With ``nb`` even (any K a multiple of
-// 64) and the tensor 64-byte aligned, every code load is 64-byte aligned. Rows past the
-// last whole group stay in the GGUF layout.
+// activation block's sum comes off once per block, as the value a block's sum starts at.
+// With ``nb`` even (any K a multiple of 64) and the tensor 64-byte aligned, every code
+// load is 64-byte aligned. Rows past the last whole group stay in the GGUF layout.
 //
 // Per row the float work is the other layouts' in the same order (the block's exact
 // integer sum, then a multiply-add of scale * x's scale, block after block), so the
