@@ -22,6 +22,8 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config.prepare_workers == 4
     assert config.api_key is None and config.allowed_hosts is None
     assert config.open_paths == ("/health", "/metrics")
+    assert config.freeze_heap  # the process only serves: its start-up heap is frozen
+    assert not ServerConfig(model_id="m").freeze_heap  # an app embedded elsewhere: off
 
 
 def test_flags(monkeypatch: pytest.MonkeyPatch) -> None:

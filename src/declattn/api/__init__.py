@@ -15,6 +15,7 @@ from declattn.api.facade import (
     Load,
     RunVanilla,
 )
+from declattn.api.heap import frozen_heap
 from declattn.api.results import Answer, Delta, Stats
 
 __all__ = [
@@ -29,4 +30,5 @@ __all__ = [
     "Load",
     "RunVanilla",
     "Stats",
+    "frozen_heap",
 ]

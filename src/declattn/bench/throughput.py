@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from declattn.api import Engine
+from declattn.api import Engine, frozen_heap
 from declattn.api.session import DASession, Session
 from declattn.bench.http_load import pct
 from declattn.bench.machine import BandwidthProbe
@@ -183,15 +183,16 @@ def measure(engine: Engine, context: int, n: int, cfg: InProcessConfig,
     arms = [_arm(engine, name, context, n, cfg, log) for name in cfg.arms]
     weights = engine.loaded.model.weight_bytes_per_step()
     rounds = 0
-    while not all(a.done or (a.name != "da" and len(a.times) >= cfg.steps) for a in arms):
-        order = arms[rounds % len(arms):] + arms[: rounds % len(arms)]
-        for a in order:
-            for _ in range(cfg.block):
-                if a.done or (a.name != "da" and len(a.times) >= cfg.steps):
-                    break
-                _step(a)
-        probe.sample()
-        rounds += 1
+    with frozen_heap():  # as the server decodes (``api/heap.py``)
+        while not all(a.done or (a.name != "da" and len(a.times) >= cfg.steps) for a in arms):
+            order = arms[rounds % len(arms):] + arms[: rounds % len(arms)]
+            for a in order:
+                for _ in range(cfg.block):
+                    if a.done or (a.name != "da" and len(a.times) >= cfg.steps):
+                        break
+                    _step(a)
+            probe.sample()
+            rounds += 1
     read_bw = probe.result().read_median
     out: dict[str, Any] = {"context": context, "n": n, "weight_bytes_per_step": weights,
                            "probe_read_bytes_per_s": read_bw, "arms": {}}

@@ -151,6 +151,7 @@ def server_config(args: argparse.Namespace) -> Any:
         prefill_budget=args.prefill_budget,
         prefill_first=args.prefill_first,
         request_timeout_s=args.request_timeout,
+        freeze_heap=True,  # this process only serves
         api_key=api_key,
         allowed_hosts=_names(args.allowed_hosts),
         **_given(

@@ -27,6 +27,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
+from declattn.api.heap import frozen_heap
 from declattn.server.access import DEFAULT_OPEN_PATHS, Access
 from declattn.server.connection import DEFAULT_HEADER_TIMEOUT_S
 from declattn.server.errors import APIError, echo, install_handlers
@@ -74,7 +75,11 @@ class ServerConfig:
     text never depends on what else runs (slower under load; docs/server.md);
     ``prefill_budget``: prompt tokens one step computes beside the running requests'
     decode rows (``None``: the engine's default); ``prefill_first``: a prompt's pieces
-    run alone, before any decode row (the older scheduling, for comparison).
+    run alone, before any decode row (the older scheduling, for comparison);
+    ``freeze_heap``: while the app runs, the objects built by its start leave the garbage
+    collector's full passes (``declattn.api.frozen_heap``): a process-wide setting, so
+    ``declattn serve``, which owns its process, turns it on, and an app embedded in
+    another program leaves it off unless asked.
     """
 
     model_id: str
@@ -98,6 +103,7 @@ class ServerConfig:
     prefill_budget: int | None = None
     prefill_first: bool = False
     request_timeout_s: float | None = None
+    freeze_heap: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.max_queue < 1 or self.kv_blocks < 1:
@@ -198,7 +204,8 @@ def create_app(engine: Engine, config: ServerConfig) -> FastAPI:
         scheduler.start()
         await run_in_threadpool(state.warm_up)
         try:
-            yield
+            with frozen_heap() if config.freeze_heap else contextlib.nullcontext():
+                yield  # what is built by now lives as long as the server
         finally:
             await run_in_threadpool(scheduler.stop)
             pool.close()
