@@ -56,6 +56,23 @@ def test_rotary_matches_torch_exactly(dtype) -> None:
     assert got is not None and torch.equal(got, torch_rotary(x, cos, sin))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rotary_reads_heads_in_place_from_a_wider_row(dtype) -> None:
+    """The decode stack rotates q and k where the merged q/k/v matmul wrote them: each
+    row's heads contiguous, the rows (q, k and v side by side) further apart."""
+    g = torch.Generator().manual_seed(2)
+    y = (torch.randn(5, (14 + 2 + 2) * 64, generator=g) * 3).to(dtype)
+    q = y.as_strided((5, 14, 64), (y.stride(0), 64, 1))
+    k = y.as_strided((5, 2, 64), (y.stride(0), 64, 1), 14 * 64)
+    cos, sin = torch.randn(5, 32, generator=g), torch.randn(5, 32, generator=g)
+    ops = fused.layer_ops()
+    for x in (q, k):
+        got = ops.rotary(x, cos, sin)
+        assert got.is_contiguous() and torch.equal(got, torch_rotary(x.contiguous(), cos, sin))
+    with pytest.raises(RuntimeError, match="each row's heads contiguous"):
+        ops.rotary(q.transpose(0, 1), cos, sin)
+
+
 def test_the_model_blocks_go_through_it(monkeypatch) -> None:
     calls = []
     real_norm, real_rotary = fused.rms_norm, fused.rotary

@@ -149,7 +149,18 @@ def test_random_alloc_free_keeps_accounting_consistent() -> None:
         assert cache.block_table(sid)[: len(before.get(sid, ()))] == before.get(sid, ())
         used = [b for s in cache.seq_ids for b in cache.block_table(s)]
         assert len(used) == len(set(used)) == cache.blocks_in_use
+        # the array the decode plans read, cached between changes, follows every change
+        for s in range(6):
+            assert cache.block_array(s).tolist() == list(cache.block_table(s))
         assert cache.blocks_in_use + cache.num_free_blocks == 40
+
+
+def test_block_array_is_read_only() -> None:
+    cache = make()
+    cache.allocate(1, 9)
+    with pytest.raises(ValueError, match="read-only"):
+        cache.block_array(1)[0] = 5
+    assert cache.block_table(1) == (0, 1, 2)
 
 
 def test_slots_follow_the_block_table_and_write_stores_rows() -> None:

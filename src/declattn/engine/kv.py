@@ -123,6 +123,9 @@ class KVCache:
         self._store = store_op() if torch.device(config.device).type == "cpu" else None
         self.blocks = BlockAllocator(config.num_blocks, caching=prefix_caching)
         self._tables: dict[int, list[int]] = {}
+        # each table as a read-only int64 array, made at the first ask after it changed:
+        # every decode step asks for every running sequence's, twice
+        self._arrays: dict[int, np.ndarray] = {}
 
     # -- queries -------------------------------------------------------------------
     @property
@@ -161,8 +164,15 @@ class KVCache:
         return tuple(self._tables.get(seq_id, ()))
 
     def block_array(self, seq_id: int) -> np.ndarray:
-        """``block_table`` as an int64 array."""
-        return np.asarray(self._tables.get(seq_id, ()), dtype=np.int64)
+        """``block_table`` as an int64 array (read-only: the cache keeps it until the
+        table changes)."""
+        array = self._arrays.get(seq_id)
+        if array is None:
+            array = np.asarray(self._tables.get(seq_id, ()), dtype=np.int64)
+            array.flags.writeable = False
+            if seq_id in self._tables:
+                self._arrays[seq_id] = array
+        return array
 
     def capacity(self, seq_id: int) -> int:
         """Token positions the sequence's blocks can hold."""
@@ -218,10 +228,12 @@ class KVCache:
 
     def _set_table(self, seq_id: int, table: list[int]) -> None:
         self._tables[seq_id] = table
+        self._arrays.pop(seq_id, None)
 
     def free(self, seq_id: int) -> int:
         """Return a sequence's blocks to the pool; returns how many were freed."""
         table = self._tables.pop(seq_id, [])
+        self._arrays.pop(seq_id, None)
         self.blocks.release(table)
         return len(table)
 

@@ -15,13 +15,15 @@
 // Same numbers as the Python it replaces: every step is the very op that code called (the
 // GGUF matmul, rms_norm and rotary through the dispatcher; ATen's silu and gelu), in the
 // same order and dtypes, or, for the adds and the gate's multiply (and bf16 silu with it,
-// ``silu_times_in_place``), a loop that computes each element as ATen does (``in_place``
+// ``silu_times_rows``), a loop that computes each element as ATen does (``in_place``
 // below), so the result equals the modules' bit for bit
 // (tests/engine/test_quant_decode_layers.py).
 
+#include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/add.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/silu.h>
@@ -37,6 +39,7 @@
 #include <sleef.h>
 #endif
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -128,47 +131,68 @@ at::Tensor matmul(const at::Tensor& x, at::TensorList ws, at::IntArrayRef types,
   return bias ? in_place(y, *bias, Elementwise::kAdd) : y;
 }
 
-// silu(gate) * up in place in the gate's half of ``both`` (one row of the gate/up matmul's
-// output: the gate's n values, then the up's; read by pointer, not as two views, which
-// cost several op calls a layer) for bf16, where ATen's silu takes its AVX-512 vector path
-// throughout: ATen dispatching to its AVX-512 kernels, n a multiple of 64 (its loop
-// goes two vectors of 32 at a time, the rest by a scalar loop with another exp), and n
-// within one chunk of its parallel loop (a chunk would have its own remainder). Returns
-// false (nothing written) otherwise, and ATen's op runs.
+// silu(gate) * up for every row of ``both`` (the gate/up matmul's output [T, 2n]: a row's n
+// gate values, then its n up values; read by pointer, not as two views, which cost several
+// op calls a layer) into a new [T, n], the rows shared among the threads, where that is
+// ATen's result bit for bit: bf16, ATen dispatching to its AVX-512 kernels, and ATen's
+// silu over the gate's [T, n] view taking its vector path for every element
+// (``aten_silu_vectorises``). An undefined tensor (nothing computed) otherwise, and ATen's
+// ops run.
 //
-// Why: ATen's silu was the costliest of a layer's small ops in a decode step (a cold
-// TensorIterator op making a tensor between two matmuls). Same numbers: per element ATen's vector silu for bf16 (widened to
+// Why: ATen's silu and multiply were the costliest of a layer's small ops in a decode step
+// (cold TensorIterator ops making two tensors between two matmuls, behind a chunk of the
+// output into views). Same numbers: per element ATen's vector silu for bf16 (widened to
 // fp32, ``x / (1 + exp(-x))`` with Sleef's expf u10 as ``Vectorized<float>::exp`` calls
 // it, rounded to bf16), then the multiply as ``in_place`` does it; the layer test holds
 // the result to the modules' bit for bit.
-bool silu_times_in_place(const at::Tensor& both) {
 #if defined(__AVX512F__)
-  const int64_t n = both.numel() / 2;  // one row: the gate's n values, then the up's
-  if (both.scalar_type() != at::kBFloat16 || !both.is_contiguous() || both.size(0) != 1 ||
-      n % 64 != 0 || n > at::internal::GRAIN_SIZE)
-    return false;
-  static const bool aten_avx512 = at::get_cpu_capability() == "AVX512";
-  if (!aten_avx512) return false;
-  at::BFloat16* g = both.data_ptr<at::BFloat16>();
-  const at::BFloat16* u = g + n;
-  alignas(64) float s[16];
-  for (int64_t i = 0; i < n; i += 16) {
-    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i));
-    const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
-    const __m512 minus_x = _mm512_castsi512_ps(  // -x, as ATen's neg(): the sign bit flipped
-        _mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN)));
-    const __m512 e = Sleef_expf16_u10(minus_x);
-    _mm512_store_ps(s, _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
-    for (int j = 0; j < 16; ++j)
-      g[i + j] = static_cast<at::BFloat16>(
-          static_cast<float>(static_cast<at::BFloat16>(s[j])) * static_cast<float>(u[i + j]));
-  }
-  return true;
-#else
-  (void)both;
-  return false;
-#endif
+bool aten_silu_vectorises(int64_t t, int64_t n) {
+  // ATen's loop takes each piece of a row it is handed two vectors of 32 at a time, the
+  // rest by a scalar loop with another exp; the pieces are the rows cut at its parallel
+  // loop's chunk boundaries (ParallelOpenMP.h's split of T x n elements into equal chunks
+  // of whole grains' worth among at most the threads). Every piece a multiple of 64 long:
+  // n one, and the chunks one where there are several.
+  if (n % 64 != 0) return false;
+  const int64_t numel = t * n, grain = at::internal::GRAIN_SIZE;
+  const int64_t threads = at::get_num_threads();
+  if (numel <= grain || threads == 1) return true;
+  const int64_t chunks = std::min<int64_t>(threads, (numel + grain - 1) / grain);
+  return ((numel + chunks - 1) / chunks) % 64 == 0;
 }
+
+at::Tensor silu_times_rows(const at::Tensor& both) {
+  const int64_t t = both.size(0), n = both.size(1) / 2;
+  if (both.scalar_type() != at::kBFloat16 || !both.is_contiguous() || !aten_silu_vectorises(t, n))
+    return {};
+  static const bool aten_avx512 = at::get_cpu_capability() == "AVX512";
+  if (!aten_avx512) return {};
+  at::Tensor out = at::empty({t, n}, both.options());
+  const at::BFloat16* in = both.data_ptr<at::BFloat16>();
+  at::BFloat16* o = out.data_ptr<at::BFloat16>();
+  at::parallel_for(0, t, 1, [&](int64_t r0, int64_t r1) {
+    alignas(64) float s[16];
+    for (int64_t r = r0; r < r1; ++r) {
+      const at::BFloat16* g = in + r * 2 * n;
+      const at::BFloat16* u = g + n;
+      at::BFloat16* y = o + r * n;
+      for (int64_t i = 0; i < n; i += 16) {
+        const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(g + i));
+        const __m512 x = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+        const __m512 minus_x = _mm512_castsi512_ps(  // -x, as ATen's neg(): the sign flipped
+            _mm512_xor_si512(_mm512_castps_si512(x), _mm512_set1_epi32(INT32_MIN)));
+        const __m512 e = Sleef_expf16_u10(minus_x);
+        _mm512_store_ps(s, _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+        for (int j = 0; j < 16; ++j)
+          y[i + j] = static_cast<at::BFloat16>(
+              static_cast<float>(static_cast<at::BFloat16>(s[j])) * static_cast<float>(u[i + j]));
+      }
+    }
+  });
+  return out;
+}
+#else
+at::Tensor silu_times_rows(const at::Tensor&) { return {}; }
+#endif
 
 at::Tensor activate(const at::Tensor& x, const std::string& activation) {
   if (activation == "silu") return at::silu(x);
@@ -209,8 +233,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> before_attention(
     q = norm(q, *q_norm);
     k = norm(k, *k_norm);
   }
-  q = ops().rotary.call(q.contiguous(), cos, sin);
-  k = ops().rotary.call(k.contiguous(), cos, sin);
+  q = ops().rotary.call(q, cos, sin);  // a row's heads are contiguous in y: read in place
+  k = ops().rotary.call(k, cos, sin);
   return {q, k, heads_of(kv_heads, heads + kv_heads)};
 }
 
@@ -230,9 +254,8 @@ at::Tensor after_attention(
   if (post_attn_norm) a = norm(a, *post_attn_norm);
   at::Tensor x = in_place(a, h, Elementwise::kAdd);
   const at::Tensor both = matmul(norm(x, mlp_norm), gate_up, gate_up_types, gate_up_bias);
-  const at::Tensor gated = activation == "silu" && silu_times_in_place(both)
-                               ? both.as_strided({both.size(0), both.size(1) / 2}, both.strides())
-                               : gate_times_up(both, activation);
+  at::Tensor gated = activation == "silu" ? silu_times_rows(both) : at::Tensor();
+  if (!gated.defined()) gated = gate_times_up(both, activation);
   at::Tensor m = matmul(gated, down, down_types, down_bias);
   if (post_mlp_norm) m = norm(m, *post_mlp_norm);
   return in_place(m, x, Elementwise::kAdd);

@@ -81,10 +81,11 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool u
 }
 
 // x [T, H, D] rotated in the half-split layout by cos/sin [T, D / 2] (fp32), as
-// apply_rotary: (x1 c - x2 s, x2 c + x1 s) in fp32, rounded to x's dtype.
+// apply_rotary: (x1 c - x2 s, x2 c + x1 s) in fp32, rounded to x's dtype. x's rows may be
+// strided (the q or k heads of the merged q/k/v output, read in place); out is contiguous.
 template <typename T>
 at::Tensor rotary_t(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const int64_t t = x.size(0), h = x.size(1), d = x.size(2), half = d / 2;
+  const int64_t t = x.size(0), h = x.size(1), d = x.size(2), half = d / 2, row = x.stride(0);
   at::Tensor out = at::empty(x.sizes(), x.options());
   const T* xp = x.data_ptr<T>();
   const float* cp = cos.data_ptr<float>();
@@ -94,7 +95,7 @@ at::Tensor rotary_t(const at::Tensor& x, const at::Tensor& cos, const at::Tensor
     for (int64_t i = i0; i < i1; ++i) {
       const float* c = cp + (i / h) * half;
       const float* s = sp + (i / h) * half;
-      const T* xi = xp + i * d;
+      const T* xi = xp + (i / h) * row + (i % h) * d;
       T* oi = op + i * d;
       for (int64_t j = 0; j < half; ++j) {
         const float x1 = static_cast<float>(xi[j]), x2 = static_cast<float>(xi[j + half]);
@@ -108,8 +109,9 @@ at::Tensor rotary_t(const at::Tensor& x, const at::Tensor& cos, const at::Tensor
 }
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  TORCH_CHECK(x.dim() == 3 && x.is_contiguous() && x.size(2) % 2 == 0,
-              "rotary: contiguous x [T, H, D], D even");
+  TORCH_CHECK(x.dim() == 3 && x.size(2) % 2 == 0 && x.stride(2) == 1 &&
+                  (x.size(1) == 1 || x.stride(1) == x.size(2)),
+              "rotary: x [T, H, D] with each row's heads contiguous, D even");
   TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
                   cos.is_contiguous() && sin.is_contiguous() && cos.dim() == 2 &&
                   cos.sizes() == sin.sizes() && cos.size(0) == x.size(0) &&
