@@ -249,24 +249,25 @@ def test_the_gated_activation_equals_atens_at_every_batch_and_width(rows, inter,
     gen = torch.Generator().manual_seed(rows * 1000 + inter)
 
     def gguf(out_f: int, in_f: int) -> GGUFLinear:
-        w = torch.randn(out_f, in_f, generator=gen) / in_f**0.5
-        return GGUFLinear(torch.from_numpy(quantize(w.numpy(), Q.Q8_0).copy()),
-                          int(Q.Q8_0), in_f)
+        linear = torch.nn.Linear(in_f, out_f, bias=False)
+        with torch.no_grad():
+            linear.weight.copy_(torch.randn(out_f, in_f, generator=gen) / in_f**0.5)
+        return _as_gguf(linear, Q.Q8_0)
 
     o, gate_up, down = gguf(hidden, hidden), gguf(2 * inter, hidden), gguf(hidden, inter)
-    norm = torch.ones(hidden, dtype=torch.bfloat16)
+    mlp_norm = RMSNorm(hidden, 1e-6).to(torch.bfloat16)
     h = torch.randn(rows, hidden, generator=gen).bfloat16()
     out = torch.randn(rows, 4, hidden // 4, generator=gen).bfloat16()
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         got = decode_layer_ops().after_attention(
-            h, out, 1e-6, False, [o.blocks], [o.kernel_type], None, None, norm,
+            h, out, 1e-6, False, [o.blocks], [o.kernel_type], None, None,
+            mlp_norm.weight.detach(),
             [gate_up.blocks], [gate_up.kernel_type], None, "silu", [down.blocks],
             [down.kernel_type], None, None,
         )
         x = o(out.reshape(rows, hidden)) + h
-        mlp_norm = RMSNorm(hidden, 1e-6).to(torch.bfloat16)
         gate, up = gate_up(mlp_norm(x)).chunk(2, dim=-1)
         want = down(torch.nn.functional.silu(gate) * up) + x
     finally:
