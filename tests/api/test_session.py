@@ -10,6 +10,7 @@ from harbour import CONTEXT, QUESTION, TRANSCRIPT
 from declattn.api import Engine
 from declattn.da.options import DAOptions
 from declattn.da.replay import replay
+from declattn.da.scope import Scope
 from declattn.engine.controller import Forced
 from declattn.engine.sampler import SamplingParams
 from declattn.protocol.modes import Mode
@@ -40,6 +41,10 @@ def test_reads_equal_scope_on_every_step(engine):
     for read, expected in zip(seq.reads, sess.expected_views, strict=True):
         assert read.blocks == expected
         assert read.layers_agree
+    for step, view in zip(sess.steps, sess.expected_views, strict=True):
+        # each view is its step's scope, made afresh (the session reuses one per block)
+        scope = Scope(sess.layout, step.mode, step.focus_ids)
+        assert view == tuple(scope.kept_blocks(step.length, sess.block_size))
     modes = {s.mode for s in sess.steps}
     assert {Mode.GLOBAL, Mode.FOCUS, Mode.LOCAL, Mode.ANSWER} <= modes
     focus = [s for s in sess.steps if s.mode == Mode.FOCUS]

@@ -96,6 +96,20 @@ def test_against_brute_force(case: tuple[Scope, int, int]) -> None:
     assert c.logical <= c.vanilla_logical
 
 
+@settings(max_examples=300, deadline=None)
+@given(scopes())
+def test_kept_blocks_depend_on_length_only_through_the_newest_block(
+    case: tuple[Scope, int, int],
+) -> None:
+    """What lets a session hand the engine one view for every step in a block
+    (``Session._kept_blocks``)."""
+    scope, length, bs = case
+    newest = (length - 1) // bs
+    blocks = scope.kept_blocks(length, bs)
+    for other in range(newest * bs + 1, (newest + 1) * bs + 1):
+        assert scope.kept_blocks(other, bs) == blocks
+
+
 def _runs(blocks: list[int]) -> list[Span]:
     out: list[Span] = []
     for b in blocks:

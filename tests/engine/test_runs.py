@@ -54,3 +54,71 @@ def test_sorted_unique_takes_a_sorted_view_as_it_is_and_mends_any_other() -> Non
     assert sorted_unique((9, 1, 4, 4, 1)).tolist() == [1, 4, 9]
     assert sorted_unique([3, 3]).tolist() == [3]  # a repeat is not increasing
     assert sorted_unique(()).dtype == np.int64 and sorted_unique(()).size == 0
+
+
+def _planned(plan: RunPlan) -> tuple:
+    return plan.rows.tolist(), plan.blocks, plan.n_rows
+
+
+def test_the_memo_plans_every_step_as_planning_afresh_does() -> None:
+    """Sequences decode one position a step for 300 steps while their tables grow (a new
+    array at each new block, interleaved so runs split) and their views change: kept
+    as the same tuple, an equal new one, another one, or none. Each step's plan through
+    the memo equals ``plan_runs`` of that step; most steps extend the last one."""
+    from declattn.engine.kv import KVCache, KVConfig
+    from declattn.engine.runs import PlanMemo, checked_view
+
+    rng = np.random.default_rng(7)
+    bs = 4
+    cache = KVCache(KVConfig(n_layers=1, n_kv_heads=1, head_dim=2, num_blocks=512,
+                             block_size=bs))
+    lengths = {s: int(rng.integers(1, 40)) for s in range(3)}
+    views: dict[int, tuple[int, ...] | None] = dict.fromkeys(lengths)
+    memo, extended = PlanMemo(), 0
+    for _ in range(300):
+        memo.next_step()
+        for s in lengths:
+            lengths[s] += 1
+            length = lengths[s]
+            cache.allocate(s, length)
+            n_blocks = -(-length // bs)
+            old = views[s]
+            if old is not None and old[-1] != n_blocks - 1 or rng.random() < 0.1:
+                kept = rng.random(n_blocks) < 0.5
+                kept[-1] = True
+                views[s] = None if rng.random() < 0.2 else tuple(np.flatnonzero(kept).tolist())
+            elif old is not None and rng.random() < 0.3:
+                views[s] = tuple(old)[:]  # equal, not the same object
+            view, whole = views[s], cache.block_array(s)
+            keep = range(n_blocks) if view is None else checked_view(s, view, n_blocks)
+            fresh = plan_runs(whole[:n_blocks], keep, 0, length, bs, "cpu")
+            got = memo.plan(s, whole, view, length, lambda f=fresh: f)
+            extended += got is not fresh
+            assert _planned(got) == _planned(fresh)
+    assert extended > 300  # most steps of three sequences extend their last plan
+
+
+def test_the_memo_plans_afresh_after_a_skipped_step_or_a_new_table() -> None:
+    """A sequence left out of a step leaves the memo; a table changed in place of the
+    array the memo saw (another object) is planned afresh."""
+    from declattn.engine.runs import PlanMemo
+
+    table = np.array([3, 4, 9])
+    memo, calls = PlanMemo(), []
+
+    def fresh(length: int, t: np.ndarray = table):  # noqa: ANN202
+        calls.append(length)
+        return plan_runs(t, [0, 2], 0, length, 4, "cpu")
+
+    memo.next_step()
+    memo.plan(0, table, (0, 2), 9, lambda: fresh(9))
+    memo.next_step()
+    assert _planned(memo.plan(0, table, (0, 2), 10, lambda: fresh(10))) == _planned(fresh(10))
+    assert calls == [9, 10]  # extended, then fresh() called by the assertion only
+    memo.next_step()
+    memo.next_step()  # a step without the sequence
+    memo.plan(0, table, (0, 2), 11, lambda: fresh(11))
+    assert calls[-1] == 11
+    memo.next_step()
+    memo.plan(0, table.copy(), (0, 2), 12, lambda: fresh(12))
+    assert calls[-1] == 12

@@ -225,6 +225,8 @@ class DASession(Session):
             end_ids=tokenizer.all_special_ids if o.require_answer else (),
         )
         self.expected_views: list[tuple[int, ...]] = []
+        self._view_key: tuple | None = None  # what ``_view`` was made for
+        self._view: tuple[int, ...] = ()
         self.tokenizer = tokenizer
         self._last_text = ""  # the newest token's text, for token healing
         self._forced_owed = 0  # forced tokens returned and not yet accepted
@@ -261,9 +263,20 @@ class DASession(Session):
         self.record(length, count, scope.mode, scope.focus_ids)
         if not masked:
             return None
-        blocks = tuple(scope.kept_blocks(length, bs))
+        blocks = self._kept_blocks(scope, length)
         self.expected_views.append(blocks)
         return blocks
+
+    def _kept_blocks(self, scope: Scope, length: int) -> tuple[int, ...]:
+        """``scope``'s kept blocks at ``length``, one tuple while its mode, its chunks and
+        the newest block stay (they depend on ``length`` only through the newest block,
+        ``Scope.kept_blocks``): a decode step then hands the engine the view of the
+        step before, which it extends rather than plans again (``PlanMemo``)."""
+        key = (scope.mode, scope.focus_ids, (length - 1) // self.block_size)
+        if self._view_key != key:
+            self._view_key = key
+            self._view = tuple(scope.kept_blocks(length, self.block_size))
+        return self._view
 
     def process_logits(self, logits: Tensor) -> Tensor:
         """Inside a declaration, keep only tokens that lead to a valid one."""

@@ -123,7 +123,9 @@ class Scope:
         return _merge(ranges)
 
     def kept_blocks(self, length: int, block_size: int = DEFAULT_BLOCK_SIZE) -> list[int]:
-        """Logical block ids (``position // block_size``) read at this step, sorted."""
+        """Logical block ids (``position // block_size``) read at this step, sorted. They
+        depend on ``length`` only through the newest block: a span clipped to ``length``
+        reaches that block or stops before it, and that block is always kept."""
         out: list[int] = []
         for r in self.kept_block_ranges(length, block_size):
             out.extend(range(r.start, r.end))

@@ -29,6 +29,7 @@ from declattn.engine.models.token_context import TokenContext, token_context
 from declattn.engine.paged import PagedAttention
 from declattn.engine.reads import ReadCounter
 from declattn.engine.request import Request, StepRead
+from declattn.engine.runs import PlanMemo
 from declattn.engine.scheduler import StepPlan
 from declattn.engine.seq_step import SeqStep
 
@@ -82,11 +83,13 @@ class Forward:
         self.device = next(model.parameters()).device
         c = model.config
         self._global_layers = [i for i in range(c.num_layers) if c.window(i) is None]
+        self._plans = PlanMemo()
 
     def run(self, plan: StepPlan) -> list[Rows]:
         """The plan's rows through the model: each ``Rows`` with its logits (where it
         samples) and, for decode rows, their reads appended to the sequence's."""
         rows = self._rows(plan)
+        self._plans.next_step()
         groups = [[r] for r in rows] if self.batch_invariant else [rows]
         for group in groups:
             if group:
@@ -137,7 +140,8 @@ class Forward:
         pos = torch.tensor([p for s in steps for p in range(s.start, s.length)],
                            device=self.device)
         attn = PagedAttention(
-            self.cache, steps, self.counter, placement_invariant=self.batch_invariant
+            self.cache, steps, self.counter, placement_invariant=self.batch_invariant,
+            memo=self._plans,
         )
         hidden = self.model(ids, pos, attn, self._context(group))
         ends = list(accumulate(s.n_new for s in steps))  # one past each sequence's rows

@@ -10,6 +10,7 @@ Prefill rows (and chunked prefill) attend causally over every stored position
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ from declattn.engine.decode import (
 from declattn.engine.kv import KVCache, inverse_table
 from declattn.engine.prefill import prefill_attention, viewed_prefill_attention
 from declattn.engine.reads import BlockRead, ReadCounter
-from declattn.engine.runs import RunPlan, checked_view, plan_runs, union_rows
+from declattn.engine.runs import PlanMemo, RunPlan, checked_view, plan_runs, union_rows
 from declattn.engine.seq_step import SeqStep
 
 
@@ -37,12 +38,18 @@ class _SeqPlan:
     step: SeqStep
     row: int
     table: np.ndarray
-    # Decode rows: the logical index of each physical block of ``table`` (``inverse_table``),
-    # with which a plan names the blocks its reads cover.
-    inverse: np.ndarray | None = None
+    # The cache's array of the sequence's whole table (``table`` is its first blocks):
+    # the same object until the table changes, which is what ``PlanMemo`` checks.
+    whole_table: np.ndarray
     # Prefill rows: pool rows of positions [0, length), a (lo, hi) range when the
     # sequence's blocks are physically consecutive (a zero-copy slice), else an index.
     key_rows: tuple[int, int] | Tensor | None = None
+
+    @functools.cached_property
+    def inverse(self) -> np.ndarray:
+        """The logical index of each physical block of ``table`` (``inverse_table``), with
+        which a plan names the blocks its reads cover; made when a plan needs it."""
+        return inverse_table(self.table)
 
     def keys(self, pool: Tensor, lo: int, hi: int) -> Tensor:
         """Pool rows of positions ``[lo, hi)`` as ``[Hkv, hi - lo, D]``."""
@@ -112,12 +119,15 @@ class PagedAttention(PlannedDecode):
         *,
         kernel: Kernel = "auto",
         placement_invariant: bool = False,
+        memo: PlanMemo | None = None,
     ) -> None:
         """``kernel`` forces a decode path (``native`` or ``torch``) where a benchmark or a
         test compares them; the engine leaves it on ``auto``. ``placement_invariant``:
         decode rows' results must not depend on where their blocks sit (see
-        ``decode_batch``); batch-invariant mode asks for it."""
+        ``decode_batch``); batch-invariant mode asks for it. ``memo``: the last step's
+        plans, which a decode row one position on extends (the engine keeps one)."""
         self.cache = cache
+        self.memo = memo
         self.counter = counter
         self.kernel = resolve_kernel(kernel, cache.k[0])
         self.placement_invariant = placement_invariant
@@ -142,14 +152,13 @@ class PagedAttention(PlannedDecode):
                     f"{st.length}: call cache.allocate first"
                 )
             n_blocks = -(-st.length // bs)
-            table = cache.block_array(st.seq_id)[:n_blocks]
-            plan = _SeqPlan(st, row, table)
+            whole = cache.block_array(st.seq_id)
+            plan = _SeqPlan(st, row, whole[:n_blocks], whole)
             if st.is_decode:
-                plan.inverse = inverse_table(table)
                 decode += self._decode_rows_of(plan)
                 new_slots.append(cache.slots(st.seq_id, st.start, st.length))
-            elif _consecutive(table):
-                first = int(table[0]) * bs
+            elif _consecutive(plan.table):
+                first = int(plan.table[0]) * bs
                 plan.key_rows = (first, first + st.length)
                 new_slots.append(
                     torch.arange(first + st.start, first + st.length, device=self._device)
@@ -176,7 +185,7 @@ class PagedAttention(PlannedDecode):
         tokens after it (``SeqStep.row_views``), each over its own view up to its own
         position. Every row's K/V is stored before any row attends, so row ``i`` reads
         rows ``0 .. i - 1`` of its own step as it reads older positions."""
-        st, bs = plan.step, self.cache.block_size
+        st = plan.step
         views = (st.view,) if st.n_new == 1 else st.row_views
         if views is None or len(views) != st.n_new or (st.n_new > 1 and st.select is not None):
             raise ValueError(
@@ -185,11 +194,20 @@ class PagedAttention(PlannedDecode):
         out = []
         for i, view in enumerate(views):
             length = st.start + i + 1
-            n_blocks = -(-length // bs)
-            keep = range(n_blocks) if view is None else checked_view(st.seq_id, view, n_blocks)
-            runs = plan_runs(plan.table, keep, 0, length, bs, self._device, plan.inverse)
+            fresh = functools.partial(self._fresh_runs, plan, view, length)
+            if self.memo is not None and st.n_new == 1:
+                runs = self.memo.plan(st.seq_id, plan.whole_table, view, length, fresh)
+            else:
+                runs = fresh()
             out.append(_DecodeRow(plan, plan.row + i, i, length, runs))
         return out
+
+    def _fresh_runs(self, plan: _SeqPlan, view: Sequence[int] | None, length: int) -> RunPlan:
+        """The runs of a decode row of ``plan``'s sequence at ``length`` over ``view``."""
+        bs = self.cache.block_size
+        n_blocks = -(-length // bs)
+        keep = range(n_blocks) if view is None else checked_view(plan.step.seq_id, view, n_blocks)
+        return plan_runs(plan.table, keep, 0, length, bs, self._device, plan.inverse)
 
     def _selected_runs(self, d: _DecodeRow, layer: int, q: Tensor) -> RunPlan:
         """The runs of the blocks ``d``'s step's ``select`` picks for this layer and query."""

@@ -10,7 +10,7 @@ layer: a plan is worked out once per step and shared by every layer.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -178,3 +178,67 @@ def plan_runs(
     ends = np.append(starts[1:], phys.size) - 1
     rows = np.stack([phys[starts] * bs + a[starts], phys[ends] * bs + b[ends]], axis=1)
     return RunPlan.from_rows(rows, bs, table, device, inverse)
+
+
+@dataclass
+class _Planned:
+    table: np.ndarray
+    view: Sequence[int] | None
+    length: int
+    runs: RunPlan
+
+
+class PlanMemo:
+    """Each sequence's decode plan of the last step, so that this step's extends it.
+
+    A decode step mostly reads the view the last one read, one position further: the
+    same kept blocks, the newest of which grows by a row. Its plan is then the last one
+    with the final run one row longer (the newest block is always kept and always
+    read last, so the final run ends at the newest position), and planning afresh costs
+    a few dozen numpy calls a row on every step. Anything else plans afresh: another
+    table (``KVCache.block_array`` makes a new array whenever a table changes), another
+    view, another block count, or any other length. Only the sequences planned in the
+    last step are kept (``next_step``), so finished ones leave at once.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[int, _Planned] = {}
+        self._this: dict[int, _Planned] = {}
+
+    def next_step(self) -> None:
+        """Start a step: what was planned in the step before it may be extended."""
+        self._last, self._this = self._this, {}
+
+    def plan(
+        self,
+        seq_id: int,
+        table: np.ndarray,
+        view: Sequence[int] | None,
+        length: int,
+        fresh: Callable[[], RunPlan],
+    ) -> RunPlan:
+        """The runs of ``seq_id``'s decode row at ``length`` over ``view`` (``table``: the
+        cache's whole array of the sequence), extended from the last step's or ``fresh``."""
+        last = self._last.get(seq_id)
+        if last is not None and _extends(last, table, view, length):
+            old = last.runs
+            rows = old.rows.copy()
+            rows[-1, 1] += 1
+            runs = RunPlan(old.block_size, rows, old.blocks, old.n_rows + 1, old.device)
+        else:
+            runs = fresh()
+        self._this[seq_id] = _Planned(table, view, length, runs)
+        return runs
+
+
+def _extends(last: _Planned, table: np.ndarray, view: Sequence[int] | None, length: int) -> bool:
+    """Whether a row at ``length`` over ``view`` reads ``last``'s runs and one row more."""
+    bs = last.runs.block_size
+    return (
+        length == last.length + 1
+        and (length - 1) // bs == (last.length - 1) // bs  # the newest block is the same
+        and last.table is table
+        and (last.view is view or (last.view is not None and view is not None
+                                   and tuple(last.view) == tuple(view)))
+        and last.runs.rows.size > 0
+    )
