@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from declattn.engine.runs import RunPlan, plan_runs, sorted_unique
+from declattn.engine.kv import KVCache, KVConfig
+from declattn.engine.runs import PlanMemo, RunPlan, checked_view, plan_runs, sorted_unique
 
 
 def test_short_whole_block_runs_are_gathered_and_the_rest_sliced() -> None:
@@ -65,9 +66,6 @@ def test_the_memo_plans_every_step_as_planning_afresh_does() -> None:
     array at each new block, interleaved so runs split) and their views change: kept
     as the same tuple, an equal new one, another one, or none. Each step's plan through
     the memo equals ``plan_runs`` of that step; most steps extend the last one."""
-    from declattn.engine.kv import KVCache, KVConfig
-    from declattn.engine.runs import PlanMemo, checked_view
-
     rng = np.random.default_rng(7)
     bs = 4
     cache = KVCache(KVConfig(n_layers=1, n_kv_heads=1, head_dim=2, num_blocks=512,
@@ -101,14 +99,12 @@ def test_the_memo_plans_every_step_as_planning_afresh_does() -> None:
 def test_the_memo_plans_afresh_after_a_skipped_step_or_a_new_table() -> None:
     """A sequence left out of a step leaves the memo; a table changed in place of the
     array the memo saw (another object) is planned afresh."""
-    from declattn.engine.runs import PlanMemo
-
     table = np.array([3, 4, 9])
     memo, calls = PlanMemo(), []
 
-    def fresh(length: int, t: np.ndarray = table):  # noqa: ANN202
+    def fresh(length: int) -> RunPlan:
         calls.append(length)
-        return plan_runs(t, [0, 2], 0, length, 4, "cpu")
+        return plan_runs(table, [0, 2], 0, length, 4, "cpu")
 
     memo.next_step()
     memo.plan(0, table, (0, 2), 9, lambda: fresh(9))
