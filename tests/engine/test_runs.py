@@ -72,7 +72,7 @@ def test_the_memo_plans_every_step_as_planning_afresh_does() -> None:
                              block_size=bs))
     lengths = {s: int(rng.integers(1, 40)) for s in range(3)}
     views: dict[int, tuple[int, ...] | None] = dict.fromkeys(lengths)
-    memo, extended = PlanMemo(), 0
+    memo, extended, extended_by_equal = PlanMemo(), 0, 0
     for _ in range(300):
         memo.next_step()
         for s in lengths:
@@ -80,20 +80,22 @@ def test_the_memo_plans_every_step_as_planning_afresh_does() -> None:
             length = lengths[s]
             cache.allocate(s, length)
             n_blocks = -(-length // bs)
-            old = views[s]
+            old, renewed = views[s], False
             if old is not None and old[-1] != n_blocks - 1 or rng.random() < 0.1:
                 kept = rng.random(n_blocks) < 0.5
                 kept[-1] = True
                 views[s] = None if rng.random() < 0.2 else tuple(np.flatnonzero(kept).tolist())
             elif old is not None and rng.random() < 0.3:
-                views[s] = tuple(old)[:]  # equal, not the same object
+                views[s], renewed = tuple(list(old)), True  # equal, not the same object
             view, whole = views[s], cache.block_array(s)
             keep = range(n_blocks) if view is None else checked_view(s, view, n_blocks)
             fresh = plan_runs(whole[:n_blocks], keep, 0, length, bs, "cpu")
             got = memo.plan(s, whole, view, length, lambda f=fresh: f)
             extended += got is not fresh
+            extended_by_equal += renewed and got is not fresh
             assert _planned(got) == _planned(fresh)
     assert extended > 300  # most steps of three sequences extend their last plan
+    assert extended_by_equal > 0  # an equal view, not the same object, extends too
 
 
 def test_the_memo_plans_afresh_after_a_skipped_step_or_a_new_table() -> None:
