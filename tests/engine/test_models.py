@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from unittest import mock
@@ -201,6 +202,20 @@ def test_bf16_tracks_fp32(tiny):
     assert ours16.dtype == torch.float32
     rel = (ours16 - ours32).norm() / ours32.norm()
     assert rel < 0.05
+
+
+def test_logits_in_the_heads_dtype_are_the_fp32_ones_before_conversion(tiny):
+    """What the engine samples from (``fp32=False``): the head's bf16, the same values as
+    the fp32 logits; a softcap's tanh still runs in fp32."""
+    low = load_model(tiny["llama"][1].source, dtype=torch.bfloat16, device="cpu").model
+    with torch.inference_mode():
+        hidden = low(_ids(), torch.arange(SEQ), DenseAttention())
+        kept = low.logits(hidden, fp32=False)
+        assert kept.dtype == torch.bfloat16
+        assert torch.equal(kept.float(), low.logits(hidden))
+        with mock.patch.object(low, "config", replace(low.config, final_logit_softcap=5.0)):
+            capped = low.logits(hidden, fp32=False)
+        assert capped.dtype == torch.float32 and capped.abs().max() <= 5.0
 
 
 # --- dense reference attention ----------------------------------------------------------

@@ -146,7 +146,8 @@ class Forward:
         hidden = self.model(ids, pos, attn, self._context(group))
         ends = list(accumulate(s.n_new for s in steps))  # one past each sequence's rows
         sampled = [i for i, r in enumerate(group) if r.samples]
-        logits = self.model.logits(hidden[[ends[i] - 1 for i in sampled]]) if sampled else None
+        rows = [ends[i] - 1 for i in sampled]
+        logits = self.model.logits(hidden[rows], fp32=False) if rows else None
         elapsed = time.perf_counter() - t0
         for k, i in enumerate(sampled):
             assert logits is not None

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from declattn.engine.models.fused import layer_ops
+
 GREEDY_BELOW = 1e-4
 """Temperatures below this sample greedily: dividing logits by them overflows to inf."""
 
@@ -48,10 +50,9 @@ class SamplingParams:
 
 def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """Pick one token from a ``[vocab]`` row of logits."""
-    logits = logits.float()
     if params.temperature < GREEDY_BELOW:
         return greedy(logits)
-    logits = logits / params.temperature
+    logits = logits.float() / params.temperature
     if params.top_k and params.top_k < logits.numel():
         kth = torch.topk(logits, params.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -65,13 +66,20 @@ def greedy(logits: Tensor) -> int:
     """The index of the largest logit, the first where several tie (a NaN counts as the
     largest, as in ``torch.argmax``).
 
-    Why numpy on CPU: torch's CPU argmax is a scalar loop, and over a vocabulary of
-    ~150K logits (qwen2.5's) it costs a visible part of every greedy decode step, where
-    numpy's is vectorised. The two agree on ties, NaN and -inf
-    (``tests/engine/test_sampler.py``)."""
-    if logits.device.type == "cpu":
+    On a CPU, the native ``argmax`` (``csrc/argmax.cpp``) reads the row in its own dtype
+    where the library is had; else numpy's vectorised argmax over the row in fp32 (torch's
+    CPU argmax is a scalar loop, slow over a vocabulary of ~150K). The three agree on ties,
+    NaN and -inf (``tests/engine/test_sampler.py``)."""
+    if logits.device.type != "cpu":
+        return int(torch.argmax(logits))
+    ops = layer_ops()  # None where DECLATTN_LAYER_KERNEL=torch or the library is not had
+    if ops is None:
         return int(logits.detach().float().numpy().argmax())  # numpy has no bf16
-    return int(torch.argmax(logits))
+    return int(ops.argmax(logits if logits.dtype in ARGMAX_DTYPES else logits.float()))
+
+
+ARGMAX_DTYPES = (torch.bfloat16, torch.float32)
+"""The dtypes the native argmax reads; others are converted to fp32 first."""
 
 
 def _top_p(probs: Tensor, top_p: float) -> Tensor:

@@ -186,14 +186,17 @@ class Decoder(nn.Module):
             total -= emb.numel() * emb.element_size()
         return total
 
-    def logits(self, hidden: Tensor) -> Tensor:
-        """Vocabulary logits (fp32) for the rows of ``hidden`` given: ``[..., vocab_size]``."""
+    def logits(self, hidden: Tensor, *, fp32: bool = True) -> Tensor:
+        """Vocabulary logits for the rows of ``hidden`` given: ``[..., vocab_size]``, in
+        fp32; with ``fp32=False`` in the head's own dtype where no softcap applies (the
+        engine's sampler reads them so: converting a batch's rows, N x vocab, cost a
+        decode step more than picking its greedy tokens)."""
         head = self.lm_head if self.lm_head is not None else self.tied_head
         if head is None:
-            out = torch.nn.functional.linear(hidden, self.embed.weight).float()
+            out = torch.nn.functional.linear(hidden, self.embed.weight)
         else:
-            out = head(hidden).float()
+            out = head(hidden)
         cap = self.config.final_logit_softcap
         if cap is not None:
-            out = torch.tanh(out / cap) * cap
-        return out
+            return torch.tanh(out.float() / cap) * cap
+        return out.float() if fp32 else out

@@ -26,8 +26,8 @@ DTYPES = (torch.bfloat16, torch.float32)
 
 @functools.cache
 def layer_ops() -> Any:
-    """``torch.ops.declattn`` for ``rms_norm`` and ``rotary``; ``None`` where switched off
-    or unavailable."""
+    """``torch.ops.declattn`` for ``rms_norm``, ``rotary`` and greedy's ``argmax``
+    (``sampler.greedy``); ``None`` where switched off or unavailable."""
     return native.ops(ENV_SWITCH)
 
 

@@ -5,7 +5,8 @@
 The ops: ``decode_attention`` (``csrc/decode_attn.cpp``), ``store_rows``
 (``csrc/kv_store.cpp``), ``rms_norm`` and ``rotary`` (``csrc/norm_rope.cpp``), the GGUF
 matmul ops (``csrc/gguf_matmul.cpp``), the ``DecodeStack`` class (``csrc/decode_layer.cpp``:
-a GGUF model's decode step in one call), ``build_info`` (``csrc/library.cpp``).
+a GGUF model's decode step in one call), greedy sampling's ``argmax`` (``csrc/argmax.cpp``),
+``build_info`` (``csrc/library.cpp``).
 
 Each concern keeps its switch to its torch code (``DECLATTN_DECODE_KERNEL``,
 ``DECLATTN_GGUF_KERNEL``, ``DECLATTN_LAYER_KERNEL`` ``=torch``: chosen, no warning); where
@@ -103,6 +104,7 @@ def op_paths() -> dict[str, str]:
         "decode_attention": f"{attn}{vec} vectors otherwise",
         "store_rows": "memcpy",
         "rms_norm, rotary": f"{vec} (compiler-vectorised)",
+        "argmax (greedy)": f"{vec} (vector extensions)",
         "gguf_linear": gguf,
         "DecodeStack": f"the ops above, {vec} elementwise between them",
     }
