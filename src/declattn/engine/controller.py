@@ -63,7 +63,9 @@ class Controller:
         raise NotImplementedError(f"{type(self).__name__} does not select blocks")
 
     def process_logits(self, logits: Tensor) -> Tensor:
-        """Shape the next token's logits (constrained decoding); identity by default."""
+        """Shape the next token's logits (constrained decoding); identity by default.
+        ``logits``: one ``[vocab]`` row in the output head's dtype (bf16 for a bf16 model:
+        the engine samples from it as it is)."""
         return logits
 
     def on_token(self, token_id: int, text: str) -> str | None:

@@ -62,6 +62,10 @@ def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | 
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+ARGMAX_DTYPES = (torch.bfloat16, torch.float32)
+"""The dtypes the native argmax reads; others are converted to fp32 first."""
+
+
 def greedy(logits: Tensor) -> int:
     """The index of the largest logit, the first where several tie (a NaN counts as the
     largest, as in ``torch.argmax``).
@@ -76,10 +80,6 @@ def greedy(logits: Tensor) -> int:
     if ops is None:
         return int(logits.detach().float().numpy().argmax())  # numpy has no bf16
     return int(ops.argmax(logits if logits.dtype in ARGMAX_DTYPES else logits.float()))
-
-
-ARGMAX_DTYPES = (torch.bfloat16, torch.float32)
-"""The dtypes the native argmax reads; others are converted to fp32 first."""
 
 
 def _top_p(probs: Tensor, top_p: float) -> Tensor:
