@@ -6,7 +6,7 @@ import random
 
 from paged_world import TOL, fill_interleaved, make_world, random_view
 
-from declattn.engine.reads import ReadCounter
+from declattn.engine.reads import BlockRead, ReadCounter
 
 
 def test_counter_equals_view_on_every_step_and_counts_bytes() -> None:
@@ -61,3 +61,32 @@ def test_prefill_rows_are_not_counted_and_ignore_views() -> None:
     outs, refs, _ = world.step([(1, 20, [4])], counter)
     assert (outs[0].double() - refs[0]).abs().max() < TOL
     assert counter.records == []
+
+
+def test_recording_a_row_on_many_layers_keeps_what_recording_each_layer_keeps() -> None:
+    """``record_layers`` (what a batched step calls: one row, a plan its layers share)
+    against ``record`` of each layer's ``BlockRead``, over random rows, steps and layers."""
+    rng = random.Random(5)
+    one, many = ReadCounter(), ReadCounter()
+    for step in range(6):
+        for seq_id in rng.sample(range(5), 3):
+            for row in range(rng.randint(1, 3)):
+                for sliding in (False, True):
+                    layers = sorted(rng.sample(range(8), rng.randint(1, 8)))
+                    blocks = tuple(sorted(rng.sample(range(20), rng.randint(0, 6))))
+                    n_bytes = rng.randint(0, 999)
+                    many.record_layers(layers, step, seq_id, row, blocks, n_bytes, sliding)
+                    for layer in layers:
+                        one.record(BlockRead(step, layer, seq_id, blocks, n_bytes, sliding, row))
+    assert one.records == many.records
+    for rec in one.records:
+        for sliding in (False, True):
+            key = (rec.step, rec.seq_id, rec.layer)
+            assert one.blocks_read(*key, sliding=sliding, row=rec.row) == many.blocks_read(
+                *key, sliding=sliding, row=rec.row)
+            assert one.row_bytes(rec.step, rec.seq_id, rec.row, sliding=sliding) == (
+                many.row_bytes(rec.step, rec.seq_id, rec.row, sliding=sliding))
+            assert one.total_bytes(sliding=sliding, seq_id=rec.seq_id, step=rec.step) == (
+                many.total_bytes(sliding=sliding, seq_id=rec.seq_id, step=rec.step))
+        assert one.per_step(rec.seq_id) == many.per_step(rec.seq_id)
+    assert many.row_bytes(0, 99) == 0 and many.blocks_read(0, 99, 0) is None

@@ -28,7 +28,7 @@ from declattn.engine.decode import (
 )
 from declattn.engine.kv import KVCache, inverse_table
 from declattn.engine.prefill import prefill_attention, viewed_prefill_attention
-from declattn.engine.reads import BlockRead, ReadCounter
+from declattn.engine.reads import ReadCounter
 from declattn.engine.runs import PlanMemo, RunPlan, checked_view, plan_runs, union_rows
 from declattn.engine.seq_step import SeqStep
 
@@ -275,7 +275,7 @@ class PagedAttention(PlannedDecode):
         """The decode rows' attention (``q``: theirs only; ``q_step``: the whole step's,
         where a selection hook needs a row's query by its step row)."""
         batch, n_rows = self._batch(layer, q if q_step is None else q_step, window)
-        self._record(layer, batch, n_rows, window is not None)
+        self._record((layer,), batch, n_rows, window is not None)
         return decode_batch(kp, vp, q, batch, scale, self.kernel, self.placement_invariant)
 
     def decode_reads(self, windows: Sequence[int | None]) -> DecodeReads | str | None:
@@ -294,10 +294,13 @@ class PagedAttention(PlannedDecode):
         if not self.cache.stores_natively():
             return "a KV pool the native store does not write"
         batches = [self._shared_batch(w) for w in windows]
+        by_window: dict[int | None, list[int]] = {}
+        for layer, window in enumerate(windows):
+            by_window.setdefault(window, []).append(layer)
 
-        def record() -> None:
-            for layer, ((batch, n_rows), window) in enumerate(zip(batches, windows, strict=True)):
-                self._record(layer, batch, n_rows, window is not None)
+        def record() -> None:  # the layers of one window share its batch
+            for window, layers in by_window.items():
+                self._record(layers, *self._shared_batch(window), window is not None)
 
         rows = self._new_slots
         assert isinstance(rows, Tensor), "a native store takes the rows as a tensor"
@@ -347,21 +350,17 @@ class PagedAttention(PlannedDecode):
             i += n
         return out
 
-    def _record(self, layer: int, batch: RunBatch, n_rows: list[int], sliding: bool) -> None:
+    def _record(
+        self, layers: Sequence[int], batch: RunBatch, n_rows: list[int], sliding: bool
+    ) -> None:
+        """Each decode row's reads on ``layers``, which all read ``batch``."""
         if self.counter is None:
             return
         per_token = self._bytes_per_token
         for d, runs, rows in zip(self._decode, batch.plans, n_rows, strict=True):
-            self.counter.record(
-                BlockRead(
-                    step=self.step,
-                    layer=layer,
-                    seq_id=d.seq.step.seq_id,
-                    blocks=runs.blocks,
-                    n_bytes=rows * per_token,
-                    sliding=sliding,
-                    row=d.index,
-                )
+            self.counter.record_layers(
+                layers, self.step, d.seq.step.seq_id, d.index, runs.blocks, rows * per_token,
+                sliding,
             )
 
     def _prefill(

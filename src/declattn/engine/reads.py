@@ -8,6 +8,7 @@ reports can count bytes rather than assume them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -57,12 +58,38 @@ class ReadCounter:
         return self.n_steps - 1
 
     def record(self, rec: BlockRead) -> None:
-        self.records.append(rec)
-        key = (rec.step, rec.seq_id, rec.row, rec.layer, rec.sliding)
-        self._index.setdefault(key, []).append(rec)
-        self._rows.setdefault((rec.step, rec.seq_id, rec.sliding), []).append(rec)
-        row = (rec.step, rec.seq_id, rec.row, rec.sliding)
-        self._row_bytes[row] = self._row_bytes.get(row, 0) + rec.n_bytes
+        self._add([rec], rec.step, rec.seq_id, rec.row, rec.sliding)
+
+    def record_layers(
+        self, layers: Sequence[int], step: int, seq_id: int, row: int,
+        blocks: tuple[int, ...], n_bytes: int, sliding: bool,
+    ) -> None:
+        """One decode row's reads on each of ``layers``, the same ``blocks`` and
+        ``n_bytes`` on every one (a plan those layers share): a ``BlockRead`` for each, as
+        ``record`` would keep them, with the row's indexes updated once rather than per
+        layer (a batched step records every row on every layer)."""
+        recs = [
+            BlockRead(step=step, layer=layer, seq_id=seq_id, blocks=blocks, n_bytes=n_bytes,
+                      sliding=sliding, row=row)
+            for layer in layers
+        ]
+        self._add(recs, step, seq_id, row, sliding)
+
+    def _add(self, recs: list[BlockRead], step: int, seq_id: int, row: int,
+             sliding: bool) -> None:
+        """``recs``: reads of one row of one step, each on its own layer."""
+        self.records.extend(recs)
+        index = self._index
+        for rec in recs:
+            key = (step, seq_id, row, rec.layer, sliding)
+            same = index.get(key)
+            if same is None:
+                index[key] = [rec]
+            else:
+                same.append(rec)
+        self._rows.setdefault((step, seq_id, sliding), []).extend(recs)
+        key_row = (step, seq_id, row, sliding)
+        self._row_bytes[key_row] = self._row_bytes.get(key_row, 0) + sum(r.n_bytes for r in recs)
 
     def reset(self) -> None:
         self.records.clear()
