@@ -40,9 +40,20 @@ def test_greedy_agrees_with_torch_argmax(path, values, dtype):
     assert greedy(logits) == int(torch.argmax(logits))
 
 
+@pytest.fixture(params=[1, 2, 3])
+def threads(request):
+    """torch's threads for the test (the suite runs on one: the parts need more)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n", [151936, 40_001, 32_768 + 5])
-def test_greedy_over_long_rows_takes_the_first_largest_across_the_parts(path, dtype, n):
+def test_greedy_over_long_rows_takes_the_first_largest_across_the_parts(
+    path, threads, dtype, n
+):
     """Rows long enough to be split among threads: the largest value in several parts,
     a NaN in a later part than the largest, every value -inf, a strided view."""
     gen = torch.Generator().manual_seed(n)
