@@ -152,6 +152,32 @@ def test_an_unknown_scoring_is_refused(op) -> None:
             op(*args, native.SCORINGS["amx"])
 
 
+def test_amx_items_after_a_larger_group_read_nothing_of_it(op) -> None:
+    """The AMX path's scratch lives across work items and is not cleared between them: the
+    rows of the weights and the columns of Q^T past an item's group hold an earlier item's
+    values. Here those are NaN (an earlier item's heads past the group have NaN queries),
+    and each later item, on the same thread, must still match the reference."""
+    if not _amx(op):
+        pytest.skip("no AMX on this CPU, build or OS")
+    gen = torch.Generator().manual_seed(5)
+    kp = torch.randn(1, 512, 64, generator=gen).bfloat16()
+    vp = torch.randn(1, 512, 64, generator=gen).bfloat16()
+    runs, offsets = torch.tensor([[3, 300]]), torch.tensor([0, 1])
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for group in (16, 2, 7, 1, 16, 3):
+            q = torch.randn(1, group, 64, generator=gen).bfloat16()
+            if group == 16:
+                q[0, 1:] = float("nan")
+            got = op(q, kp, vp, runs, offsets, 0.125, 1, native.SCORINGS["amx"])[0]
+            ref = gather_softmax(kp, vp, q[0], runs.tolist(), 0.125)
+            finite = 1 if group == 16 else group
+            assert (got[:finite].double() - ref[:finite]).abs().max() < ROUNDING[torch.bfloat16]
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("threads", [1, 2, 4, 8])  # two KV heads: split from 4 threads
 @pytest.mark.parametrize("min_split", [1, 7, 100_000])
 @pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])

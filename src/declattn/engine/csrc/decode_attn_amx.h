@@ -64,8 +64,12 @@ constexpr int kChunk = 512;  // rows scored, softmaxed and accumulated together
 inline int v_tile_dim(int c, int h, int n) { return 32 * c + 8 * (n / 4) + 4 * h + n % 4; }
 
 // A thread's buffers for its work items (a chunk's scores by row and by head, its weights
-// in bf16, V tiles): ~110 KB, so on the heap, once per thread (not a fresh allocation per
-// work item, which a DA step's many work items would each pay).
+// in bf16, V tiles, the rows' addresses, the output in the tiles' order): ~140 KB, so on
+// the heap, zeroed once per thread. Nothing in it is allocated or cleared per work item,
+// which a DA step's many short items would each pay: the rows of P and the columns of Q^T
+// past ``group`` may hold an earlier item's values, and a tile multiply takes each row of
+// its output from the same row of its first operand and column of its second, so those
+// reach only the outputs of heads past ``group``, which are never read.
 struct AmxScratch {
   alignas(64) uint32_t qt[8][16][16];         // Q^T per 32 dims: [pair of dims][head]
   alignas(64) float st[kChunk][16];           // S^T
@@ -74,6 +78,9 @@ struct AmxScratch {
   alignas(64) uint32_t vt[2][4][16][16];      // V tiles of 32 rows x 64 dims, two sets
   alignas(64) float ob[4][16][16];            // O tiles of 64 dims
   alignas(64) at::BFloat16 gathered[2][16 * 256];  // 16 K rows that are not one run
+  alignas(64) float permuted[16 * 256];       // acc in the tiles' column order
+  const at::BFloat16* krows[kChunk];
+  const at::BFloat16* vrows[kChunk];
 };
 
 // The first K row of 16 rows for a tile load: their own if they are one run (``dim``
@@ -213,29 +220,28 @@ void attend_rows_amx(const uint32_t* qb, float scale, int group, const at::BFloa
                      int64_t n_runs, int64_t lo, int64_t hi, float* acc, float* m, float* l) {
   static_assert(kTile == 32 && kChunk % kTile == 0, "a tile is two AMX row tiles, and P's K");
   constexpr int dim = 32 * C;
-  static thread_local std::unique_ptr<AmxScratch> mine(new AmxScratch);  // not zeroed:
-  AmxScratch* sc = mine.get();  // every byte read is written first (pb's other rows below)
-  std::vector<float> permuted(static_cast<size_t>(group) * dim, 0.0f);  // acc, tiles' order
+  static thread_local std::unique_ptr<AmxScratch> mine(new AmxScratch());
+  AmxScratch* sc = mine.get();
+  float* permuted = sc->permuted;
+  std::fill(permuted, permuted + group * dim, 0.0f);
   std::fill(m, m + group, -std::numeric_limits<float>::infinity());
   std::fill(l, l + group, 0.0f);
-  std::memset(sc->pb, 0, sizeof sc->pb);  // the rows past ``group`` stay 0
-  for (int c = 0; c < C; ++c)
-    for (int i = 0; i < 16; ++i)
-      for (int n = 0; n < 16; ++n) sc->qt[c][i][n] = n < group ? qb[n * 16 * C + 16 * c + i] : 0u;
+  for (int n = 0; n < group; ++n)
+    for (int c = 0; c < C; ++c)
+      for (int i = 0; i < 16; ++i) sc->qt[c][i][n] = qb[n * 16 * C + 16 * c + i];
   configure_tiles();
-  std::vector<const at::BFloat16*> krows(kChunk), vrows(kChunk);
   RowWalk<at::BFloat16> walk(runs, ends, n_runs, lo);
   for (int64_t at = lo; at < hi;) {
     const int n = static_cast<int>(std::min<int64_t>(kChunk, hi - at));
     for (int t0 = 0; t0 < n; t0 += kTile) {
       const int k = std::min(kTile, n - t0);
-      walk.tile(k, dim, kbase, vbase, krows.data() + t0, vrows.data() + t0);
-      for (int t = t0 + k; t < t0 + kTile; ++t) vrows[t] = vrows[t0];  // weighted by 0
+      walk.tile(k, dim, kbase, vbase, sc->krows + t0, sc->vrows + t0);
+      for (int t = t0 + k; t < t0 + kTile; ++t) sc->vrows[t] = sc->vrows[t0];  // weighted by 0
     }
     at += n;
-    amx_scores<C>(krows.data(), n, *sc);
-    amx_softmax(n, group, scale, dim, permuted.data(), m, l, *sc);
-    amx_values<C>(vrows.data(), n, group, permuted.data(), *sc);
+    amx_scores<C>(sc->krows, n, *sc);
+    amx_softmax(n, group, scale, dim, permuted, m, l, *sc);
+    amx_values<C>(sc->vrows, n, group, permuted, *sc);
   }
   _tile_release();
   for (int g = 0; g < group; ++g)
