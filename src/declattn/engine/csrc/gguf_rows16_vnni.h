@@ -25,6 +25,11 @@
 // With ``nb`` even (any K a multiple of 64) and the tensor 64-byte aligned, every code
 // load is 64-byte aligned. Rows past the last whole group stay in the GGUF layout.
 //
+// Not AMX int8, on the CPUs that have it: with eight activation rows, one tile multiply
+// per two blocks gives the same sums (bit for bit), but unpacking the codes into tiles,
+// the tiles' loads and stores, and the scaling took as long as the ``vpdpbusd``s, one
+// after another (``git log -- scripts/amx_int8_q5_0.cpp`` holds the experiment).
+//
 // Per row the float work is the other layouts' in the same order (the block's exact
 // integer sum, then a multiply-add of scale * x's scale, block after block), so the
 // results are theirs bit for bit (tests/engine/test_quant_kernel.py). Q8_0's -128, which
